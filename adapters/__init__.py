@@ -1,0 +1,1 @@
+"""Provider adapters: one small interface (base.Adapter), one module per provider."""

@@ -1,0 +1,98 @@
+"""OpenAI chat completions through the official SDK, with the SDK's own retries off.
+
+Also the base of the OpenAI-compatible adapter (Ollama, OpenRouter, vLLM): those
+servers sometimes answer HTTP 200 with an `error` object instead of a
+completion, so the body is read raw and checked before it is trusted.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+
+from adapters.base import CallRequest, CallResult, ProviderError, classify_status
+
+
+def openai_messages(request: CallRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": request.system})
+    messages.extend(request.messages)
+    return messages
+
+
+class OpenAIAdapter:
+    name = "openai"
+
+    def __init__(self, *, api_key: str | None, base_url: str | None) -> None:
+        # The SDK insists on a key even for servers that need none; the key is
+        # handed to the client and nowhere else (never logged, never stored).
+        self._client = openai.AsyncOpenAI(api_key=api_key or "not-needed", base_url=base_url, max_retries=0)
+
+    @property
+    def supports_structured_output(self) -> bool:
+        return True
+
+    async def call(self, request: CallRequest, *, timeout: float) -> CallResult:
+        body: dict[str, Any] = dict(request.params)
+        if request.response_format is not None:
+            body["response_format"] = request.response_format
+        try:
+            raw = await self._client.chat.completions.with_raw_response.create(
+                model=request.model,
+                messages=openai_messages(request),  # type: ignore[arg-type]
+                extra_body=body,
+                timeout=timeout,
+            )
+        except openai.APIStatusError as exc:
+            raise classify_status(exc.status_code, _short(exc), exc.body, exc.response.headers) from None
+        except openai.APITimeoutError:
+            raise ProviderError("request timed out", retryable=True, code="timeout") from None
+        except openai.APIConnectionError as exc:
+            raise ProviderError(f"connection error: {exc}", retryable=True, code="connection_error") from None
+        return parse_chat_completion(raw.http_response.text, raw.http_response.status_code)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def parse_chat_completion(text: str, status_code: int = 200) -> CallResult:
+    """Read a chat completion body, refusing malformed ones and 200s that carry an error."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        raise ProviderError(
+            f"malformed response body ({len(text)} bytes, not JSON)",
+            status_code=status_code,
+            retryable=True,
+            code="malformed_response",
+        ) from None
+    if isinstance(data, dict) and data.get("error"):
+        error = data["error"] if isinstance(data["error"], dict) else {"message": str(data["error"])}
+        upstream = error.get("code")
+        status = upstream if isinstance(upstream, int) and 400 <= upstream < 600 else 502
+        failure = classify_status(status, f"error in a {status_code} body: {error.get('message', '')}", data)
+        failure.code = "error_in_body"
+        raise failure
+    try:
+        text_out = data["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError):
+        raise ProviderError(
+            "response has no choices[0].message.content",
+            status_code=status_code,
+            retryable=True,
+            code="malformed_response",
+        ) from None
+    usage = data.get("usage") or {}
+    return CallResult(text_out, usage.get("prompt_tokens"), usage.get("completion_tokens"), status_code)
+
+
+def _short(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and error.get("message"):
+            return f"{exc.status_code}: {error['message']}"
+    return f"{exc.status_code}: {exc.message}"

@@ -1,0 +1,38 @@
+"""Which providers exist, and how to build an adapter for one.
+
+Kept apart from the adapters themselves so that validating a request (enqueue)
+never imports an SDK.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from adapters.base import Adapter
+    from ledger.settings import Settings
+
+PROVIDER_NAMES = frozenset({"openai", "anthropic", "openai-compatible", "mock"})
+
+
+def make_adapter(provider: str, settings: Settings) -> Adapter:
+    """A ready adapter for `provider`, configured from settings (keys never leave it)."""
+    if provider == "openai":
+        from adapters.openai import OpenAIAdapter
+
+        return OpenAIAdapter(api_key=settings.openai_api_key, base_url=settings.openai_base_url)
+    if provider == "anthropic":
+        from adapters.anthropic import AnthropicAdapter
+
+        return AnthropicAdapter(api_key=settings.anthropic_api_key, base_url=settings.anthropic_base_url)
+    if provider == "openai-compatible":
+        from adapters.compatible import CompatibleAdapter
+
+        if not settings.compatible_base_url:
+            raise ValueError("OPENAI_COMPATIBLE_BASE_URL must be set for provider 'openai-compatible'")
+        return CompatibleAdapter(api_key=settings.compatible_api_key, base_url=settings.compatible_base_url)
+    if provider == "mock":
+        from adapters.mock import MockAdapter
+
+        return MockAdapter()
+    raise ValueError(f"unknown provider {provider!r} (known: {', '.join(sorted(PROVIDER_NAMES))})")

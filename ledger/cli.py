@@ -1,0 +1,384 @@
+"""The `ledger` command line: enqueue, run the daemon, audit, and the mock provider.
+
+Every failure an operator can cause (a bad setting, a bad input line, an
+unreachable database) ends in one line on stderr and exit status 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ledger.enqueue import Defaults, EnqueueError, read_jsonl, to_row
+from ledger.models import Delivery, RequestStatus
+from ledger.settings import Settings, SettingsError, load_settings
+
+app = typer.Typer(
+    name="ledger",
+    help="A durable request ledger for LLM pipelines: queue requests in SQL, "
+    "call providers under bounded slots, audit every call.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def operator_errors() -> Iterator[None]:
+    """Turn the errors an operator can cause into one line and exit 2."""
+    from ledger.store import DatabaseError
+
+    try:
+        yield
+    except (SettingsError, EnqueueError, DatabaseError) as exc:
+        fail(str(exc))
+    except ValueError as exc:
+        if str(exc).startswith(("MAX_CONCURRENT_LLM_CALLS", "LEDGER_", "OPENAI_", "ANTHROPIC_")):
+            fail(str(exc))
+        raise
+
+
+def settings_or_exit(**overrides: Any) -> Settings:
+    with operator_errors():
+        return load_settings(**overrides)
+
+
+def open_store(settings: Settings) -> Any:
+    from ledger.store import Store
+
+    with operator_errors():
+        return Store(settings.database_url)
+
+
+@app.command()
+def migrate() -> None:
+    """Upgrade the database at LEDGER_DATABASE_URL to the latest schema (safe to repeat)."""
+    from ledger.store.schema import make_engine, upgrade
+
+    settings = settings_or_exit()
+    with operator_errors():
+        engine, _ = make_engine(settings.database_url)
+        applied = upgrade(engine)
+        engine.dispose()
+    out.print("schema upgraded to head" if applied else "schema already at head")
+
+
+@app.command()
+def enqueue(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="JSONL: OpenAI Batch input lines or bare chat request bodies.",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
+    ],
+    provider: Annotated[
+        str | None, typer.Option(help="Provider for every line (openai, anthropic, openai-compatible, mock).")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model for every line (overrides the file).")] = None,
+    delivery: Annotated[
+        Delivery | None,
+        typer.Option(help="online: called by the daemon; batch: sent in provider batch jobs."),
+    ] = None,
+    job: Annotated[str | None, typer.Option(help="Job id the requests belong to.")] = None,
+    priority: Annotated[int | None, typer.Option(help="Higher runs sooner (default 0).")] = None,
+) -> None:
+    """Queue every line of FILE, all or nothing; lines seen before (same custom_id) are skipped."""
+    from ledger.api import announce
+
+    settings = settings_or_exit()
+    configure_logs(settings)
+    store = open_store(settings)
+    defaults = Defaults(provider=provider, model=model, delivery=delivery, job_id=job, priority=priority)
+    with operator_errors(), file.open(encoding="utf-8") as lines:
+        rows = (to_row(spec, settings.compatible_base_url) for _, spec in read_jsonl(lines, defaults))
+        result = store.enqueue(rows)
+    announce(result)
+    dup = f", {result.duplicates} already queued (skipped)" if result.duplicates else ""
+    out.print(f"enqueued {result.inserted} request(s){dup}; {result.queue_depth} queued in total")
+
+
+@app.command("requests")
+def list_requests(
+    status: Annotated[RequestStatus | None, typer.Option(help="Only requests in this status.")] = None,
+    job: Annotated[str | None, typer.Option(help="Only requests of this job.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many rows.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """List requests with their status, attempts, last status code and usage."""
+    store = open_store(settings_or_exit())
+    rows = store.list_requests(status=status.value if status else None, job_id=job, limit=limit)
+    if as_json:
+        for row in rows:
+            sys.stdout.write(json.dumps(row, default=_json_default) + "\n")
+        return
+    table = Table("id", "key", "job", "model", "status", "attempts", "last code", "tokens in/out", "ms")
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["idempotency_key"][:28],
+            r["job_id"] or "",
+            r["model"],
+            r["status"],
+            str(r["attempts"]),
+            _s(r["last_status_code"]),
+            f"{_s(r['input_tokens'])}/{_s(r['output_tokens'])}",
+            _s(r["latency_ms"]),
+        )
+    out.print(table)
+
+
+@app.command()
+def show(
+    request_id: Annotated[int, typer.Argument(help="The request's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show one request with all its attempts."""
+    store = open_store(settings_or_exit())
+    found = store.get_request(request_id)
+    if found is None:
+        fail(f"no request with id {request_id}", code=1)
+    if as_json:
+        sys.stdout.write(json.dumps(found, default=_json_default, indent=2) + "\n")
+        return
+    attempts = found.pop("attempt_rows")
+    for key, value in found.items():
+        if value is not None:
+            out.print(f"[bold]{key}[/]: {_s(value)}", highlight=False)
+    table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in s", "started", "worker")
+    for a in attempts:
+        table.add_row(
+            str(a["attempt"]),
+            a["outcome"],
+            _s(a["status_code"]),
+            _s(a["error_code"]),
+            _s(a["latency_ms"]),
+            _s(a["retry_delay_s"]),
+            _s(a["started_at"]),
+            _s(a["worker"]),
+        )
+    out.print(table)
+
+
+@app.command()
+def export(
+    job: Annotated[str | None, typer.Option(help="Only requests of this job.")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")] = None,
+) -> None:
+    """Export results as JSONL: custom_id, status, output, parsed fields, usage, cost, error."""
+    store = open_store(settings_or_exit())
+    target = out_file.open("w", encoding="utf-8") if out_file else sys.stdout
+    count = 0
+    try:
+        for row in store.export_rows(job_id=job):
+            target.write(json.dumps(export_line(row), default=_json_default) + "\n")
+            count += 1
+    finally:
+        if out_file:
+            target.close()
+    if out_file:
+        out.print(f"exported {count} request(s) to {out_file}")
+
+
+def export_line(row: dict[str, Any]) -> dict[str, Any]:
+    error = None
+    if row["status"] == RequestStatus.ERROR.value:
+        error = {
+            "code": row["error_code"],
+            "message": row["error_message"],
+            "status_code": row["last_status_code"],
+        }
+    return {
+        "custom_id": row["idempotency_key"],
+        "id": row["id"],
+        "job_id": row["job_id"],
+        "status": row["status"],
+        "model": row["model"],
+        "output": row["raw_output"],
+        "reasoning": row["reasoning"],
+        "verdict_text": row["verdict_text"],
+        "parsed_verdict": row["parsed_verdict"],
+        "parse_error": row["parse_error"],
+        "usage": {"input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"]},
+        "cost_usd": row["cost_usd"],
+        "attempts": row["attempts"],
+        "latency_ms": row["latency_ms"],
+        "error": error,
+        "trace": row["trace"],
+    }
+
+
+@app.command()
+def status(job: Annotated[str | None, typer.Option(help="Only this job's counts.")] = None) -> None:
+    """Requests per status, slots busy/total per pool, cooldowns."""
+    settings = settings_or_exit()
+    store = open_store(settings)
+    counts = store.status_counts(job)
+    out.print("requests: " + ", ".join(f"{k} {v}" for k, v in counts.items()), highlight=False)
+    usage = store.pool_usage()
+    busy = sum(u["running"] for u in usage.values())
+    out.print(f"slots: {busy}/{settings.max_concurrent_llm_calls} busy (global)", highlight=False)
+    table = Table("pool", "busy/limit", "queued", "cooldown until")
+    for endpoint, u in sorted(usage.items()):
+        table.add_row(
+            endpoint,
+            f"{u['running']}/{settings.pool_limit(endpoint)}",
+            str(u["queued"]),
+            _s(u["cooldown_until"]),
+        )
+    out.print(table)
+
+
+@app.command()
+def cancel(
+    request_ids: Annotated[list[int] | None, typer.Argument(help="Request ids to cancel.")] = None,
+    job: Annotated[str | None, typer.Option(help="Cancel every unfinished request of this job.")] = None,
+) -> None:
+    """Cancel requests that are not final yet (a call in flight is fenced out when it returns)."""
+    if not request_ids and not job:
+        fail("give request ids or --job")
+    store = open_store(settings_or_exit())
+    n = store.cancel(ids=request_ids or None, job_id=job)
+    out.print(f"canceled {n} request(s)")
+
+
+@app.command()
+def daemon(
+    until_idle: Annotated[
+        bool, typer.Option("--until-idle", help="Exit 0 once nothing is queued or in flight.")
+    ] = False,
+    worker_id: Annotated[str | None, typer.Option(help="Lease owner name (default host:pid:random).")] = None,
+) -> None:
+    """Claim queued requests under bounded slots and call the providers, until stopped."""
+    import anyio
+
+    from ledger.daemon import run_daemon
+
+    settings = settings_or_exit()
+    configure_logs(settings)
+    with operator_errors():
+        report = anyio.run(lambda: run_daemon(settings, until_idle=until_idle, worker_id=worker_id))
+    err.print(
+        f"daemon stopped: {report.claimed} claimed, {report.released_at_stop} released at stop, "
+        f"{report.wall_s:.1f}s",
+        highlight=False,
+    )
+
+
+@app.command("mock-provider")
+def mock_provider(
+    port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8089,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    latency: Annotated[float, typer.Option(help="Seconds per call.")] = 0.0,
+    jitter: Annotated[float, typer.Option(help="Up to this many extra seconds per call.")] = 0.0,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="More in flight gets 429 + retry-after.")
+    ] = None,
+    rpm: Annotated[int | None, typer.Option(help="Requests per minute before 429.")] = None,
+    fault_rate: Annotated[
+        list[str] | None,
+        typer.Option(help="CODE=RATE, e.g. 429=0.1, 503=0.05, hang=0.01, malformed=0.01; repeatable."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the fault dice.")] = 0,
+    batch_latency: Annotated[float, typer.Option(help="Seconds until a batch job completes.")] = 0.5,
+) -> None:
+    """Serve a mock OpenAI + Anthropic provider (chat, messages, files, batches) for keyless runs."""
+    from adapters.mock_server import main as serve
+
+    argv = [
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--latency",
+        str(latency),
+        "--jitter",
+        str(jitter),
+        "--seed",
+        str(seed),
+        "--batch-latency",
+        str(batch_latency),
+    ]
+    if max_concurrency is not None:
+        argv += ["--max-concurrency", str(max_concurrency)]
+    if rpm is not None:
+        argv += ["--rpm", str(rpm)]
+    for item in fault_rate or []:
+        argv += ["--fault-rate", item]
+    raise typer.Exit(serve(argv))
+
+
+@app.command()
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where the demo's SQLite ledger goes.")] = Path("ledger-demo"),
+    limit: Annotated[int, typer.Option(help="MAX_CONCURRENT_LLM_CALLS for the run.")] = 5,
+    latency: Annotated[float, typer.Option(help="Mock provider seconds per call.")] = 0.3,
+) -> None:
+    """Run the seed case keyless: 3 agents x 10 dimensions against the mock provider, limit 5."""
+    from ledger.demo import run_demo
+
+    with operator_errors():
+        summary = run_demo(workdir, limit=limit, latency=latency)
+    table = Table("completed", "errors", "retries", "max in flight (provider)", "limit", "wall time")
+    table.add_row(
+        str(summary["completed"]),
+        str(summary["errors"]),
+        str(summary["retries"]),
+        str(summary["max_in_flight"]),
+        str(limit),
+        f"{summary['wall_s']:.2f}s",
+    )
+    out.print(table)
+    out.print(
+        f"ledger: {summary['database']}  (try: ledger requests, ledger show 1, ledger export)",
+        highlight=False,
+    )
+
+
+def configure_logs(settings: Settings) -> None:
+    from ledger.events import configure_logging
+
+    configure_logging(settings.log_level)
+
+
+def _s(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="milliseconds")
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

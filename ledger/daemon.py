@@ -1,0 +1,121 @@
+"""Process lifecycle: start, run the scheduler, stop gracefully on SIGTERM/SIGINT.
+
+On the first signal the daemon stops claiming, lets calls in flight finish for
+up to `LEDGER_SHUTDOWN_GRACE` seconds, then cuts the rest off and gives their
+slots back to the queue. A second signal skips the grace period. A process that
+dies without any of this (kill -9) loses nothing either: its leases expire and
+the next claim by any daemon puts those rows back in the queue.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+import anyio
+
+from adapters.base import Adapter
+from ledger import events
+from ledger.executor import CallContext
+from ledger.record import DbLane, Recorder
+from ledger.retry import RetryPolicy
+from ledger.scheduler import Scheduler
+from ledger.settings import Settings
+from ledger.store import Store
+
+
+@dataclass(frozen=True)
+class DaemonReport:
+    claimed: int
+    reclaimed: int
+    released_at_stop: int
+    wall_s: float
+    stopped_by_signal: bool
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+async def run_daemon(
+    settings: Settings,
+    *,
+    until_idle: bool = False,
+    worker_id: str | None = None,
+    adapters: dict[str, Adapter] | None = None,
+    stop: anyio.Event | None = None,
+    handle_signals: bool = True,
+) -> DaemonReport:
+    worker = worker_id or default_worker_id()
+    store = Store(settings.database_url)
+    lane = DbLane()
+    stop = stop or anyio.Event()
+    started = time.monotonic()
+    signalled = False
+    scheduler: Scheduler
+    recorder = Recorder(store, lane, lambda: scheduler.slot_freed())
+    policy = RetryPolicy(settings.retry_initial_delay, settings.retry_max_delay, settings.retry_max_attempts)
+    scheduler = Scheduler(
+        CallContext(store, lane, recorder, policy, settings.llm_call_timeout), settings, worker, adapters
+    )
+    events.started(
+        worker_id=worker,
+        max_concurrent_llm_calls=settings.max_concurrent_llm_calls,
+        pool_limits=settings.pool_limits,
+        default_pool_limit=settings.default_pool_limit,
+        retry_max_attempts=settings.retry_max_attempts,
+        retry_initial_delay=settings.retry_initial_delay,
+        retry_max_delay=settings.retry_max_delay,
+        llm_call_timeout=settings.llm_call_timeout,
+        lease_seconds=settings.lease_seconds,
+        database=store.engine.url.render_as_string(hide_password=True),
+    )
+
+    async def watch_signals() -> None:
+        nonlocal signalled
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+            async for _ in received:
+                if signalled:  # second signal: no more grace
+                    work.cancel_scope.cancel()
+                signalled = True
+                stop.set()
+
+    try:
+        async with anyio.create_task_group() as services:
+            await services.start(recorder.run)
+            services.start_soon(scheduler.renew_leases, stop)
+            if handle_signals:
+                services.start_soon(watch_signals)
+            async with anyio.create_task_group() as work:
+                await scheduler.run(work, until_idle=until_idle, stop=stop)
+                if stop.is_set():
+                    with anyio.move_on_after(settings.shutdown_grace):
+                        await scheduler.wait_all_done()
+                    work.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await recorder.flush()
+                released = await lane.run(store.release_worker, worker)
+                for request in released.requests:
+                    events.released(
+                        request.id,
+                        request.agent,
+                        request.dimension,
+                        released.active_slots,
+                        ts=released.ts_before_commit,
+                    )
+                await scheduler.close_adapters()
+            stop.set()
+            services.cancel_scope.cancel()
+    finally:
+        store.close()
+    return DaemonReport(
+        scheduler.state.claimed_total,
+        scheduler.state.reclaimed_total,
+        len(released.requests),
+        time.monotonic() - started,
+        signalled,
+    )

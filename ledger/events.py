@@ -1,0 +1,171 @@
+"""The JSON log events of seed 000 SC-003, and the log set-up that writes them.
+
+Each event line carries exactly the seed's fields, plus `request_id` and `ts`
+(UNIX seconds). An operator can replay `acquired` minus `released` over a log
+and see the slot count never exceed the limit: `acquired` is stamped after its
+claim committed, `released` before its release committed, so even logs merged
+from several daemons keep that order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+EVENTS = logging.getLogger("ledger.events")
+LOG = logging.getLogger("ledger")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; events keep their field order, other records get a message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] | None = getattr(record, "event_fields", None)
+        if fields is not None:
+            line = dict(fields)
+        else:
+            line = {
+                "event": "log",
+                "level": record.levelname,
+                "logger": record.name,
+                "message": record.getMessage(),
+            }
+            extra: dict[str, Any] | None = getattr(record, "details", None)
+            if extra:
+                line.update(extra)
+            if record.exc_info:
+                line["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        line.setdefault("ts", round(record.created, 6))
+        return json.dumps(line, default=str)
+
+
+def configure_logging(level: str = "INFO", stream: Any = None) -> None:
+    """Send every `ledger.*` record to stderr (or `stream`) as JSON lines."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("ledger")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def _emit(level: int, fields: dict[str, Any], ts: float | None = None) -> None:
+    if EVENTS.isEnabledFor(level):
+        fields["ts"] = round(ts if ts is not None else time.time(), 6)
+        EVENTS.log(level, fields["event"], extra={"event_fields": fields})
+
+
+def queueing(
+    request_id: int, agent: str, dimension: str, queue_depth: int, level: int = logging.INFO
+) -> None:
+    _emit(
+        level,
+        {
+            "event": "queueing",
+            "agent": agent,
+            "dimension": dimension,
+            "queue_depth": queue_depth,
+            "request_id": request_id,
+        },
+    )
+
+
+def acquired(request_id: int, agent: str, dimension: str, active_slots: int) -> None:
+    _emit(
+        logging.INFO,
+        {
+            "event": "acquired",
+            "agent": agent,
+            "dimension": dimension,
+            "active_slots": active_slots,
+            "request_id": request_id,
+        },
+    )
+
+
+def released(request_id: int, agent: str, dimension: str, active_slots: int, ts: float | None = None) -> None:
+    _emit(
+        logging.INFO,
+        {
+            "event": "released",
+            "agent": agent,
+            "dimension": dimension,
+            "active_slots": active_slots,
+            "request_id": request_id,
+        },
+        ts,
+    )
+
+
+def retry(
+    request_id: int, agent: str, dimension: str, attempt: int, status_code: int | None, delay_s: float
+) -> None:
+    _emit(
+        logging.WARNING,
+        {
+            "event": "retry",
+            "agent": agent,
+            "dimension": dimension,
+            "attempt": attempt,
+            "status_code": status_code,
+            "delay_s": round(delay_s, 3),
+            "request_id": request_id,
+        },
+    )
+
+
+def timeout(request_id: int, agent: str, dimension: str, timeout_s: float) -> None:
+    _emit(
+        logging.WARNING,
+        {
+            "event": "timeout",
+            "agent": agent,
+            "dimension": dimension,
+            "timeout_s": timeout_s,
+            "request_id": request_id,
+        },
+    )
+
+
+def failed(
+    request_id: int,
+    agent: str,
+    dimension: str,
+    status_code: int | None,
+    error_code: str,
+    message: str,
+    attempts: int,
+    elapsed_s: float,
+) -> None:
+    """The ERROR line of a request that used up its attempts (seed 000, persistent failures)."""
+    _emit(
+        logging.ERROR,
+        {
+            "event": "failed",
+            "level": "ERROR",
+            "agent": agent,
+            "dimension": dimension,
+            "request_id": request_id,
+            "status_code": status_code,
+            "error_code": error_code,
+            "message": message,
+            "attempts": attempts,
+            "elapsed_s": round(elapsed_s, 3),
+        },
+    )
+
+
+def started(**limits: Any) -> None:
+    """The INFO line at start naming the active limits (FR-009)."""
+    _emit(
+        logging.INFO,
+        {
+            "event": "start",
+            "level": "INFO",
+            "message": f"concurrency limit {limits.get('max_concurrent_llm_calls')}",
+            **limits,
+        },
+    )

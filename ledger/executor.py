@@ -1,0 +1,108 @@
+"""One claimed request: attempts under a timeout, back-off with the slot held, outcome.
+
+The executor never decides alone what is durable: every attempt's end goes to
+the recorder (and so to `llm_attempts`) before the next one starts, so a crash
+at any point resumes at the right attempt number.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import anyio
+
+from adapters.base import Adapter, CallRequest, ProviderError
+from ledger import events
+from ledger.record import DbLane, Recorder
+from ledger.retry import RetryPolicy
+from ledger.store import Store
+from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, Failed, RetryLater
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What every executor of a daemon shares."""
+
+    store: Store
+    lane: DbLane
+    recorder: Recorder
+    policy: RetryPolicy
+    timeout_s: float
+
+
+def _call_request(request: ClaimedRequest) -> CallRequest:
+    return CallRequest(
+        model=request.model,
+        messages=request.input["messages"],
+        system=request.input.get("system"),
+        params=request.params,
+        response_format=request.response_format,
+    )
+
+
+async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -> None:
+    """Drive one request from its claimed attempt to a recorded outcome."""
+    attempt = request.attempt
+    started = time.monotonic()
+    call = _call_request(request)
+    while True:
+        t0 = time.monotonic()
+        try:
+            with anyio.fail_after(ctx.timeout_s):
+                result = await adapter.call(call, timeout=ctx.timeout_s + 5)
+        except TimeoutError:
+            events.timeout(request.id, request.agent, request.dimension, ctx.timeout_s)
+            error = ProviderError(f"no answer within {ctx.timeout_s}s", retryable=True, code="timeout")
+        except ProviderError as exc:
+            error = exc
+        except Exception as exc:  # an adapter bug must not take the daemon down
+            error = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False, code="adapter_error")
+        else:
+            await ctx.recorder.submit(
+                Completed(
+                    request,
+                    attempt,
+                    result.text,
+                    _ms(t0),
+                    result.input_tokens,
+                    result.output_tokens,
+                    result.status_code,
+                )
+            )
+            return
+        failure = AttemptFailure(error.status_code, error.code, error.message, _ms(t0))
+        if not ctx.policy.should_retry(error, attempt):
+            await ctx.recorder.submit(Failed(request, attempt, failure, _ms(started)))
+            events.failed(
+                request.id,
+                request.agent,
+                request.dimension,
+                error.status_code,
+                error.code,
+                error.message,
+                attempt,
+                time.monotonic() - started,
+            )
+            return
+        delay = ctx.policy.delay(attempt, error.retry_after)
+        cooldown = delay if error.status_code == 429 and error.retry_after is not None else None
+        events.retry(request.id, request.agent, request.dimension, attempt, error.status_code, delay)
+        timed_out = error.code == "timeout"
+        # FR-008: a timeout gives its slot back and queues the retry; any other
+        # transient failure keeps the slot through the back-off (seed 002), so
+        # a rate-limited endpoint sees no new traffic from this request's slot.
+        kept = await ctx.recorder.submit(
+            RetryLater(request, attempt, failure, delay, hold_slot=not timed_out, pool_cooldown_s=cooldown)
+        )
+        if timed_out or not kept:
+            return
+        await anyio.sleep(delay)
+        next_attempt = await ctx.lane.run(ctx.store.begin_attempt, request)
+        if next_attempt is None:  # canceled or taken over while we waited
+            return
+        attempt = next_attempt
+
+
+def _ms(since: float) -> int:
+    return int((time.monotonic() - since) * 1000)

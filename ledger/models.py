@@ -1,0 +1,278 @@
+"""The ledger's tables: every request, every attempt, every provider batch, every job.
+
+Status columns are CHECK-constrained so a typo in hand-written SQL fails loudly.
+Timestamps are filled from the database clock (`store.dialect.db_now`), never
+from a process, so hosts sharing one PostgreSQL agree on leases and deadlines.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+
+def server_now() -> Any:
+    """Server default for timestamps: valid on both databases, the database's clock."""
+    return text("CURRENT_TIMESTAMP")
+
+
+# BIGINT on PostgreSQL, INTEGER (the rowid alias) on SQLite so ids autoincrement on both.
+IdType = BigInteger().with_variant(Integer(), "sqlite")
+# JSONB on PostgreSQL so audits can index and query inside inputs and traces.
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class RequestStatus(StrEnum):
+    QUEUED = "queued"  # waiting for a slot (or for next_attempt_at)
+    RUNNING = "running"  # claimed by a worker: this row IS an occupied slot
+    SUBMITTED = "submitted"  # inside a provider batch job
+    COMPLETED = "completed"
+    ERROR = "error"
+    CANCELED = "canceled"
+
+
+FINAL_STATUSES = (RequestStatus.COMPLETED, RequestStatus.ERROR, RequestStatus.CANCELED)
+
+
+class Delivery(StrEnum):
+    ONLINE = "online"
+    BATCH = "batch"
+
+
+class AttemptOutcome(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    LOST = "lost"  # the worker died (lease expired) or was stopped mid-call
+    CANCELED = "canceled"
+
+
+class BatchStatus(StrEnum):
+    QUEUED = "queued"
+    SUBMITTING = "submitting"
+    SUBMITTED = "submitted"
+    COMPLETED = "completed"
+    ERROR = "error"
+    CANCELED = "canceled"
+
+
+class JobStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+def _check(column: str, enum: type[StrEnum]) -> CheckConstraint:
+    values = ", ".join(f"'{member.value}'" for member in enum)
+    return CheckConstraint(f"{column} IN ({values})", name=f"{column}_valid")
+
+
+def _ts(nullable: bool = True, default_now: bool = False) -> Any:
+    return Field(
+        default=None,
+        sa_column=Column(
+            DateTime(timezone=True),
+            nullable=nullable,
+            server_default=server_now() if default_now else None,
+        ),
+    )
+
+
+def _json(nullable: bool = True) -> Any:
+    return Field(default=None, sa_column=Column(JsonType, nullable=nullable))
+
+
+def _text() -> Any:
+    return Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class Job(SQLModel, table=True):
+    """A unit of work a researcher starts; requests point at it for audit and fairness."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (_check("status", JobStatus),)
+
+    id: str = Field(sa_column=Column(String(200), primary_key=True))
+    kind: str = Field(default="adhoc", sa_column=Column(String(50), nullable=False, server_default="adhoc"))
+    status: str = Field(default=JobStatus.PENDING.value, sa_column=Column(String(20), nullable=False))
+    phase: str | None = Field(default=None, sa_column=Column(String(50), nullable=True))
+    spec: dict[str, Any] | None = _json()
+    budget_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    error: str | None = _text()
+    created_at: datetime | None = _ts(nullable=False, default_now=True)
+    updated_at: datetime | None = _ts(nullable=False, default_now=True)
+    completed_at: datetime | None = _ts()
+
+
+class LlmBatch(SQLModel, table=True):
+    """A provider batch job (OpenAI Batch API, Anthropic Message Batches)."""
+
+    __tablename__ = "llm_batches"
+    __table_args__ = (_check("status", BatchStatus),)
+
+    id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
+    provider: str = Field(sa_column=Column(String(50), nullable=False))
+    model: str = Field(sa_column=Column(String(200), nullable=False))
+    params_key: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    status: str = Field(default=BatchStatus.QUEUED.value, sa_column=Column(String(20), nullable=False))
+    provider_batch_id: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
+    request_counts: dict[str, Any] | None = _json()
+    error: str | None = _text()
+    created_at: datetime | None = _ts(nullable=False, default_now=True)
+    updated_at: datetime | None = _ts(nullable=False, default_now=True)
+    submitted_at: datetime | None = _ts()
+    completed_at: datetime | None = _ts()
+
+
+class LlmRequest(SQLModel, table=True):
+    """One model call a stage asked for, from enqueue to final outcome.
+
+    `fair_seq` is the request's position within its job (1, 2, 3, ...). Claiming in
+    (priority, fair_seq) order interleaves jobs round-robin: a small job queued
+    after a huge one starts at once instead of waiting behind it.
+    `lease_token` is a fencing token: it increases on every claim, and a write
+    that carries an old token changes nothing.
+    """
+
+    __tablename__ = "llm_requests"
+    __table_args__ = (
+        _check("status", RequestStatus),
+        _check("delivery", Delivery),
+        UniqueConstraint("idempotency_key", name="uq_llm_requests_idempotency_key"),
+        Index("ix_llm_requests_claim", "status", "delivery", "priority", "fair_seq", "id"),
+        Index("ix_llm_requests_inflight", "status", "endpoint"),
+        Index("ix_llm_requests_job", "job_id", "created_at"),
+        Index("ix_llm_requests_created", "created_at"),
+        Index("ix_llm_requests_batch", "batch_id"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
+    idempotency_key: str = Field(sa_column=Column(String(200), nullable=False))
+    job_id: str | None = Field(
+        default=None, sa_column=Column(String(200), ForeignKey("jobs.id"), nullable=True)
+    )
+    fair_seq: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    purpose: str | None = Field(default=None, sa_column=Column(String(100), nullable=True))
+    provider: str = Field(sa_column=Column(String(50), nullable=False))
+    model: str = Field(sa_column=Column(String(200), nullable=False))
+    endpoint: str = Field(sa_column=Column(String(300), nullable=False))
+    input: dict[str, Any] = Field(sa_column=Column(JsonType, nullable=False))
+    params: dict[str, Any] | None = _json()
+    response_format: dict[str, Any] | None = _json()
+    delivery: str = Field(
+        default=Delivery.ONLINE.value, sa_column=Column(String(10), nullable=False, server_default="online")
+    )
+    priority: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    status: str = Field(
+        default=RequestStatus.QUEUED.value,
+        sa_column=Column(String(20), nullable=False, server_default="queued"),
+    )
+    attempts: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    next_attempt_at: datetime | None = _ts(nullable=False, default_now=True)
+    lease_owner: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
+    lease_token: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    lease_expires_at: datetime | None = _ts()
+    batch_id: int | None = Field(
+        default=None, sa_column=Column(IdType, ForeignKey("llm_batches.id"), nullable=True)
+    )
+    raw_output: str | None = _text()
+    reasoning: str | None = _text()
+    verdict_text: str | None = _text()
+    parsed_verdict: Any | None = _json()
+    parse_error: str | None = _text()
+    error_code: str | None = Field(default=None, sa_column=Column(String(100), nullable=True))
+    error_message: str | None = _text()
+    last_status_code: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    input_tokens: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    output_tokens: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    cost_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    latency_ms: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    trace: dict[str, Any] | None = _json()
+    created_at: datetime | None = _ts(nullable=False, default_now=True)
+    updated_at: datetime | None = _ts(nullable=False, default_now=True)
+    completed_at: datetime | None = _ts()
+
+
+class LlmAttempt(SQLModel, table=True):
+    """One network attempt of a request: the durable trace of every retry."""
+
+    __tablename__ = "llm_attempts"
+    __table_args__ = (
+        _check("outcome", AttemptOutcome),
+        UniqueConstraint("request_id", "attempt", name="uq_llm_attempts_request_attempt"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
+    request_id: int = Field(sa_column=Column(IdType, ForeignKey("llm_requests.id"), nullable=False))
+    attempt: int = Field(sa_column=Column(Integer, nullable=False))
+    worker: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
+    outcome: str = Field(
+        default=AttemptOutcome.RUNNING.value,
+        sa_column=Column(String(20), nullable=False, server_default="running"),
+    )
+    status_code: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    error_code: str | None = Field(default=None, sa_column=Column(String(100), nullable=True))
+    error_message: str | None = _text()
+    retry_delay_s: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    latency_ms: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    started_at: datetime | None = _ts(nullable=False, default_now=True)
+    finished_at: datetime | None = _ts()
+
+
+class LlmPool(SQLModel, table=True):
+    """Shared per-endpoint state: a 429 cooldown every daemon process respects."""
+
+    __tablename__ = "llm_pools"
+
+    endpoint: str = Field(sa_column=Column(String(300), primary_key=True))
+    cooldown_until: datetime | None = _ts()
+    updated_at: datetime | None = _ts(nullable=False, default_now=True)
+
+
+class Opinion(SQLModel, table=True):
+    """A judge's parsed opinion on one dimension; score NULL when evaluation failed."""
+
+    __tablename__ = "opinions"
+    __table_args__ = (Index("ix_opinions_job", "job_id", "agent", "dimension"),)
+
+    id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
+    job_id: str | None = Field(
+        default=None, sa_column=Column(String(200), ForeignKey("jobs.id"), nullable=True)
+    )
+    agent: str = Field(sa_column=Column(String(200), nullable=False))
+    dimension: str = Field(sa_column=Column(String(200), nullable=False))
+    score: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    argument: str | None = _text()
+    cited_evidence: Any | None = _json()
+    request_id: int | None = Field(
+        default=None, sa_column=Column(IdType, ForeignKey("llm_requests.id"), nullable=True)
+    )
+    created_at: datetime | None = _ts(nullable=False, default_now=True)
+
+
+metadata = SQLModel.metadata
+
+# The audit view (created by migration 0001): one row per request, its attempt history folded in.
+REQUEST_AUDIT_VIEW = "llm_request_audit"

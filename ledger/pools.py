@@ -1,0 +1,37 @@
+"""Endpoint pool keys: which requests compete for the same provider capacity.
+
+Seed 002's rules, kept exactly so limits written for one tool carry over:
+`openai:gpt-4o` stays, `http://host:8080/v1` becomes `http:host:8080`, and a
+bare `gpt-4o` becomes `id:gpt-4o`.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+
+def normalize_endpoint(raw: str) -> str:
+    """The pool key for an endpoint string (URL, `provider:model` or bare id)."""
+    value = raw.strip()
+    if not value:
+        raise ValueError("endpoint must not be empty")
+    if "://" in value:
+        parts = urlsplit(value)
+        host = parts.hostname or ""
+        if not parts.scheme or not host:
+            raise ValueError(f"endpoint {raw!r} is not a valid URL")
+        return f"{parts.scheme}:{host}:{parts.port}" if parts.port else f"{parts.scheme}:{host}"
+    if ":" in value:
+        return value
+    return f"id:{value}"
+
+
+def endpoint_for(provider: str, model: str, base_url: str | None = None) -> str:
+    """The default pool of a request: its server when it names one, else provider and model.
+
+    OpenAI-compatible servers (Ollama, vLLM) are one box whatever the model, so
+    they pool by URL; hosted providers rate-limit per model, so they pool by model.
+    """
+    if base_url and provider == "openai-compatible":
+        return normalize_endpoint(base_url)
+    return normalize_endpoint(f"{provider}:{model}")

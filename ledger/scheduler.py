@@ -1,0 +1,151 @@
+"""The claim loop: a claimed row is an occupied slot.
+
+Each pass asks the store for as many due requests as the global limit and the
+pools allow (the store counts `running` rows inside a serialised transaction,
+so the limits hold across every daemon sharing the database), starts one
+executor per claimed request, and otherwise sleeps until a local slot frees or
+the poll interval passes (slots freed by other daemons are seen by polling).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import TaskGroup
+
+from adapters.base import Adapter
+from adapters.registry import make_adapter
+from ledger import events
+from ledger.executor import CallContext, execute
+from ledger.settings import Settings
+from ledger.store.rows import AttemptFailure, ClaimedRequest, Failed
+
+LOG = logging.getLogger("ledger.scheduler")
+
+
+@dataclass
+class SchedulerState:
+    in_flight: int = 0
+    claimed_total: int = 0
+    reclaimed_total: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self, ctx: CallContext, settings: Settings, worker_id: str, adapters: dict[str, Adapter] | None = None
+    ) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.worker_id = worker_id
+        self.state = SchedulerState()
+        self._adapters: dict[str, Adapter] = dict(adapters or {})
+        self._wake = anyio.Event()
+        self._all_done = anyio.Event()
+        self._all_done.set()
+
+    def slot_freed(self) -> None:
+        self._wake.set()
+
+    def adapter_for(self, provider: str) -> Adapter:
+        if provider not in self._adapters:
+            self._adapters[provider] = make_adapter(provider, self.settings)
+        return self._adapters[provider]
+
+    async def close_adapters(self) -> None:
+        for adapter in self._adapters.values():
+            await adapter.aclose()
+
+    async def claim_once(self) -> list[ClaimedRequest]:
+        s = self.settings
+        claim = await self.ctx.lane.run(
+            self.ctx.store.claim,
+            self.worker_id,
+            lease_seconds=s.lease_seconds,
+            global_limit=s.max_concurrent_llm_calls,
+            pool_limit=s.pool_limit,
+            max_attempts=s.retry_max_attempts,
+            max_claims=s.max_concurrent_llm_calls,
+        )
+        if claim.reclaimed:
+            self.state.reclaimed_total += claim.reclaimed
+            LOG.warning("reclaimed expired leases", extra={"details": {"count": claim.reclaimed}})
+        first = claim.active_slots - len(claim.requests)
+        for i, request in enumerate(claim.requests, start=1):
+            events.acquired(request.id, request.agent, request.dimension, first + i)
+        return claim.requests
+
+    async def run(self, tg: TaskGroup, *, until_idle: bool, stop: anyio.Event) -> None:
+        """Claim and start work until `stop` is set (or, with until_idle, nothing is left)."""
+        while not stop.is_set():
+            self._wake = anyio.Event()
+            claimed = await self.claim_once()
+            for request in claimed:
+                self._start(tg, request)
+            if claimed:
+                continue
+            if (
+                until_idle
+                and self.state.in_flight == 0
+                and not await self.ctx.lane.run(self.ctx.store.has_online_work)
+            ):
+                return
+            with anyio.move_on_after(self.settings.poll_interval):
+                await _first_of(self._wake, stop)
+
+    def _start(self, tg: TaskGroup, request: ClaimedRequest) -> None:
+        self.state.in_flight += 1
+        self.state.claimed_total += 1
+        self._all_done = anyio.Event()
+        tg.start_soon(self._execute, request, name=f"request-{request.id}")
+
+    async def _execute(self, request: ClaimedRequest) -> None:
+        try:
+            try:
+                adapter = self.adapter_for(request.provider)
+            except ValueError as exc:  # e.g. a provider with no base URL configured
+                failure = AttemptFailure(None, "config_error", str(exc), 0)
+                await self.ctx.recorder.submit(Failed(request, request.attempt, failure))
+                events.failed(
+                    request.id,
+                    request.agent,
+                    request.dimension,
+                    None,
+                    "config_error",
+                    str(exc),
+                    request.attempt,
+                    0.0,
+                )
+                return
+            await execute(request, adapter, self.ctx)
+        finally:
+            self.state.in_flight -= 1
+            if self.state.in_flight == 0:
+                self._all_done.set()
+            self._wake.set()
+
+    async def wait_all_done(self) -> None:
+        await self._all_done.wait()
+
+    async def renew_leases(self, stop: anyio.Event) -> None:
+        """Keep our leases alive while calls and back-offs run; a dead process stops renewing."""
+        interval = self.settings.lease_seconds / 3
+        while not stop.is_set():
+            with anyio.move_on_after(interval):
+                await stop.wait()
+            if self.state.in_flight:
+                await self.ctx.lane.run(
+                    self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds
+                )
+
+
+async def _first_of(*flags: anyio.Event) -> None:
+    async with anyio.create_task_group() as tg:
+
+        async def wait_one(flag: anyio.Event) -> None:
+            await flag.wait()
+            tg.cancel_scope.cancel()
+
+        for flag in flags:
+            tg.start_soon(wait_one, flag)

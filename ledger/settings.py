@@ -1,0 +1,145 @@
+"""Settings read from the environment and `.env`, validated once at start-up.
+
+Every knob an operator may turn lives here so that a bad value is caught before
+the daemon touches the database or a provider, with one line that names the
+variable, instead of a traceback an hour into a run.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite:///ledger.db"
+
+
+class SettingsError(ValueError):
+    """A setting has a value the ledger cannot run with; the message is one line."""
+
+
+def parse_pool_limits(raw: str) -> dict[str, int]:
+    """Parse `openai:gpt-4o-mini=4,anthropic:claude-sonnet=8` into {pool key: limit}.
+
+    Keys are normalised with the same rules as request endpoints, so an operator
+    can write the limit for `http://host:8080/v1` the way they wrote the URL.
+    """
+    from ledger.pools import normalize_endpoint
+
+    limits: dict[str, int] = {}
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.rpartition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"LEDGER_POOL_LIMITS item {item!r} is not ENDPOINT=LIMIT")
+        try:
+            limit = int(value)
+        except ValueError:
+            raise ValueError(f"LEDGER_POOL_LIMITS item {item!r}: limit {value!r} is not an integer") from None
+        if limit < 1:
+            raise ValueError(f"LEDGER_POOL_LIMITS item {item!r}: limit must be >= 1, got {limit}")
+        limits[normalize_endpoint(key.strip())] = limit
+    return limits
+
+
+class Settings(BaseSettings):
+    """The ledger's configuration; see `.env.example` for one line per variable."""
+
+    model_config = SettingsConfigDict(
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        case_sensitive=False,
+        populate_by_name=True,
+    )
+
+    # Seed 000 FR-003: the bounded-concurrency contract.
+    max_concurrent_llm_calls: int = Field(default=5, alias="MAX_CONCURRENT_LLM_CALLS")
+    retry_initial_delay: float = Field(default=1.0, alias="RETRY_INITIAL_DELAY", ge=0)
+    retry_max_delay: float = Field(default=60.0, alias="RETRY_MAX_DELAY", ge=0)
+    retry_max_attempts: int = Field(default=3, alias="RETRY_MAX_ATTEMPTS", ge=1, le=100)
+    batching_enabled: bool = Field(default=False, alias="BATCHING_ENABLED")
+    llm_call_timeout: float = Field(default=120.0, alias="LLM_CALL_TIMEOUT", gt=0)
+
+    # The ledger's own.
+    database_url: str = Field(default=DEFAULT_DATABASE_URL, alias="LEDGER_DATABASE_URL")
+    pool_limits_raw: str = Field(default="", alias="LEDGER_POOL_LIMITS")
+    default_pool_limit: int | None = Field(default=None, alias="LEDGER_DEFAULT_POOL_LIMIT", ge=1)
+    lease_seconds: float = Field(default=30.0, alias="LEDGER_LEASE_SECONDS", gt=0)
+    poll_interval: float = Field(default=0.5, alias="LEDGER_POLL_INTERVAL", gt=0)
+    shutdown_grace: float = Field(default=10.0, alias="LEDGER_SHUTDOWN_GRACE", ge=0)
+    provider_batch_size: int = Field(default=1000, alias="LEDGER_PROVIDER_BATCH_SIZE", ge=1, le=50000)
+    provider_batch_wait: float = Field(default=60.0, alias="LEDGER_PROVIDER_BATCH_WAIT", ge=0)
+    job_capacity: int = Field(default=4, alias="LEDGER_JOB_CAPACITY", ge=1)
+    daily_budget_usd: float | None = Field(default=None, alias="LEDGER_DAILY_BUDGET_USD", ge=0)
+    log_level: str = Field(default="INFO", alias="LEDGER_LOG_LEVEL")
+
+    # Provider SDK conventions; read here only to hand them to the adapters.
+    openai_api_key: str | None = Field(default=None, alias="OPENAI_API_KEY", repr=False)
+    openai_base_url: str | None = Field(default=None, alias="OPENAI_BASE_URL")
+    anthropic_api_key: str | None = Field(default=None, alias="ANTHROPIC_API_KEY", repr=False)
+    anthropic_base_url: str | None = Field(default=None, alias="ANTHROPIC_BASE_URL")
+    compatible_base_url: str | None = Field(default=None, alias="OPENAI_COMPATIBLE_BASE_URL")
+    compatible_api_key: str | None = Field(default=None, alias="OPENAI_COMPATIBLE_API_KEY", repr=False)
+
+    @field_validator("max_concurrent_llm_calls")
+    @classmethod
+    def _check_global_limit(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError(f"MAX_CONCURRENT_LLM_CALLS must be >= 1, got {value}")
+        if value > 50:
+            raise ValueError(f"MAX_CONCURRENT_LLM_CALLS must be <= 50, got {value}")
+        return value
+
+    @field_validator("pool_limits_raw")
+    @classmethod
+    def _check_pool_limits(cls, value: str) -> str:
+        parse_pool_limits(value)
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_log_level(cls, value: str) -> str:
+        upper = value.upper()
+        if upper not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ValueError(f"LEDGER_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR, got {value!r}")
+        return upper
+
+    @cached_property
+    def pool_limits(self) -> dict[str, int]:
+        return parse_pool_limits(self.pool_limits_raw)
+
+    def pool_limit(self, endpoint: str) -> int:
+        """A pool's own limit; never above the global one, which caps the sum anyway."""
+        limit = self.pool_limits.get(endpoint, self.default_pool_limit or self.max_concurrent_llm_calls)
+        return min(limit, self.max_concurrent_llm_calls)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings, turning pydantic's multi-line report into one line per bad variable.
+
+    Raises the plain `ValueError` of FR-001 for a zero or negative global limit
+    (callers and tests match its exact text), `SettingsError` otherwise.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "settings"
+        message = str(first.get("ctx", {}).get("error") or first["msg"])
+        if message.startswith("MAX_CONCURRENT_LLM_CALLS must be >= 1"):
+            raise ValueError(message) from None
+        name = _env_name(field)
+        if not message.startswith(name):
+            message = f"{name}: {message} (got {first.get('input')!r})"
+        raise SettingsError(message) from None
+
+
+def _env_name(field: str) -> str:
+    info = Settings.model_fields.get(field)
+    if info is not None and info.alias:
+        return info.alias
+    return field.upper()

@@ -1,0 +1,26 @@
+"""The only code that issues SQL: one `Store` per database, shared by every stage."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Engine
+
+from ledger.store.audit import AuditQueries
+from ledger.store.dialect import Dialect
+from ledger.store.queue import EnqueueResult, QueueQueries
+from ledger.store.schema import DatabaseError, open_engine
+
+__all__ = ["DatabaseError", "EnqueueResult", "Store"]
+
+
+class Store(QueueQueries, AuditQueries):
+    """Issues every query the ledger makes, on an engine whose schema is at head."""
+
+    engine: Engine
+    dialect: Dialect
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine, self.dialect = open_engine(url)
+
+    def close(self) -> None:
+        self.engine.dispose()

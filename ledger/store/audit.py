@@ -1,0 +1,104 @@
+"""Read-only queries behind `ledger requests`, `show`, `export` and `status`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+
+from ledger.models import LlmAttempt, LlmPool, LlmRequest, RequestStatus
+from ledger.store.dialect import db_now
+
+requests = LlmRequest.__table__  # type: ignore[attr-defined]
+attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
+pools = LlmPool.__table__  # type: ignore[attr-defined]
+
+LIST_COLUMNS = (
+    "id",
+    "idempotency_key",
+    "job_id",
+    "provider",
+    "model",
+    "status",
+    "attempts",
+    "last_status_code",
+    "input_tokens",
+    "output_tokens",
+    "latency_ms",
+    "created_at",
+)
+
+
+class AuditQueries:
+    """Mixed into `Store`; needs `engine`."""
+
+    engine: Engine
+
+    def list_requests(
+        self, *, status: str | None = None, job_id: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        query = select(*(requests.c[name] for name in LIST_COLUMNS)).order_by(requests.c.id).limit(limit)
+        if status is not None:
+            query = query.where(requests.c.status == status)
+        if job_id is not None:
+            query = query.where(requests.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(query)]
+
+    def get_request(self, request_id: int) -> dict[str, Any] | None:
+        """The request with every column, and its attempts in order."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(requests).where(requests.c.id == request_id)).first()
+            if row is None:
+                return None
+            found = dict(row._mapping)
+            found["attempt_rows"] = [
+                dict(a._mapping)
+                for a in conn.execute(
+                    select(attempts).where(attempts.c.request_id == request_id).order_by(attempts.c.attempt)
+                )
+            ]
+            return found
+
+    def export_rows(self, *, job_id: str | None = None, chunk: int = 1000) -> Iterator[dict[str, Any]]:
+        """Stream requests in id order, a chunk per query, so a big job never sits in memory."""
+        last_id = 0
+        while True:
+            query = select(requests).where(requests.c.id > last_id).order_by(requests.c.id).limit(chunk)
+            if job_id is not None:
+                query = query.where(requests.c.job_id == job_id)
+            with self.engine.connect() as conn:
+                rows = [dict(row._mapping) for row in conn.execute(query)]
+            if not rows:
+                return
+            yield from rows
+            last_id = rows[-1]["id"]
+
+    def status_counts(self, job_id: str | None = None) -> dict[str, int]:
+        query = select(requests.c.status, func.count()).group_by(requests.c.status)
+        if job_id is not None:
+            query = query.where(requests.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            counts = {status.value: 0 for status in RequestStatus}
+            counts.update({status: int(n) for status, n in conn.execute(query).all()})
+            return counts
+
+    def pool_usage(self) -> dict[str, dict[str, Any]]:
+        """Per endpoint: running (busy slots), queued, and cooldown end if cooling down."""
+        c = requests.c
+        with self.engine.connect() as conn:
+            usage: dict[str, dict[str, Any]] = {}
+            for endpoint, status, n in conn.execute(
+                select(c.endpoint, c.status, func.count())
+                .where(c.status.in_([RequestStatus.RUNNING.value, RequestStatus.QUEUED.value]))
+                .group_by(c.endpoint, c.status)
+            ):
+                usage.setdefault(endpoint, {"running": 0, "queued": 0, "cooldown_until": None})
+                usage[endpoint][status] = int(n)
+            for endpoint, until in conn.execute(
+                select(pools.c.endpoint, pools.c.cooldown_until).where(pools.c.cooldown_until > db_now())
+            ):
+                usage.setdefault(endpoint, {"running": 0, "queued": 0})["cooldown_until"] = until
+            return usage

@@ -1,0 +1,133 @@
+"""The one place where SQLite and PostgreSQL differ.
+
+Everything else in the store is written once, in SQLAlchemy Core, against the
+constructs defined here:
+
+- `db_now()` / `db_now_plus(seconds)`: the database clock. Timestamps never come
+  from the process clock, so several hosts sharing one PostgreSQL agree on lease
+  expiry and back-off deadlines. SQLite stores them as ISO text with microseconds
+  so that plain string comparison orders them correctly.
+- `Dialect.serialize_claimers()`: makes claim transactions run one at a time, so
+  the in-flight count a claimer reads cannot be stale when it writes. PostgreSQL
+  takes a transaction-scoped advisory lock; SQLite gets the same guarantee from
+  `BEGIN IMMEDIATE` (its single writer), set up in `configure_engine`.
+- `Dialect.for_update()`: `FOR UPDATE SKIP LOCKED` where it exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import DateTime, Table, event, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import expression
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.selectable import Select
+
+# Any stable 64-bit number: the advisory lock key that serialises claimers.
+CLAIM_LOCK_KEY = 7_391_046_221
+
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'"
+
+
+class db_now(expression.FunctionElement[Any]):
+    """The database's current UTC time."""
+
+    type = DateTime(timezone=True)
+    inherit_cache = True
+
+
+class db_now_plus(expression.FunctionElement[Any]):
+    """The database's current UTC time plus a number of seconds (a bound float)."""
+
+    type = DateTime(timezone=True)
+    inherit_cache = True
+
+
+@compiles(db_now, "postgresql")
+def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "clock_timestamp()"
+
+
+@compiles(db_now, "sqlite")
+def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return _SQLITE_NOW
+
+
+@compiles(db_now_plus, "postgresql")
+def _pg_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(next(iter(element.clauses)), **kw)
+    return f"(clock_timestamp() + make_interval(secs => CAST({seconds} AS double precision)))"
+
+
+@compiles(db_now_plus, "sqlite")
+def _sqlite_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(next(iter(element.clauses)), **kw)
+    return f"strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', CAST({seconds} AS REAL))) || '000'"
+
+
+class Dialect:
+    """What differs between the two databases, and nothing else."""
+
+    name: str
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def serialize_claimers(self, conn: Connection) -> None:
+        if self.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK_KEY})
+        # SQLite: BEGIN IMMEDIATE already holds the only write lock.
+
+    def insert_ignore(self, table: Table, conflict_columns: list[str]) -> Insert:
+        """INSERT that silently skips rows whose unique key already exists (idempotency)."""
+        module = postgresql if self.name == "postgresql" else sqlite
+        return module.insert(table).on_conflict_do_nothing(index_elements=conflict_columns)
+
+    def upsert(
+        self, table: Table, conflict_columns: list[str], values: dict[str, Any], updates: dict[str, Any]
+    ) -> Insert:
+        module = postgresql if self.name == "postgresql" else sqlite
+        return (
+            module.insert(table)
+            .values(**values, **updates)
+            .on_conflict_do_update(index_elements=conflict_columns, set_=updates)
+        )
+
+    def for_update(self, stmt: Select[Any]) -> Select[Any]:
+        if self.name == "postgresql":
+            return stmt.with_for_update(skip_locked=True)
+        return stmt
+
+
+def configure_engine(engine: Engine) -> Dialect:
+    """Per-connection set-up; returns the dialect seam for this engine."""
+    name = engine.dialect.name
+    if name == "sqlite":
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            # Let SQLAlchemy's BEGIN below decide transactions, not the driver.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            # WAL: readers (the audit CLI) never block the daemon's writer.
+            cur.execute("PRAGMA journal_mode=WAL")
+            # NORMAL under WAL survives a killed process; only power loss can
+            # drop the last commits. Documented in docs/decisions.md.
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Connection) -> None:
+            # IMMEDIATE takes the write lock up front: two daemons on one file
+            # serialise their claims instead of deadlocking on lock upgrade.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    elif name != "postgresql":
+        raise ValueError(f"LEDGER_DATABASE_URL: unsupported database {name!r} (use sqlite or postgresql)")
+    return Dialect(name)

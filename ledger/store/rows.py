@@ -1,0 +1,110 @@
+"""Plain values passed between the store and the stages around it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ClaimedRequest:
+    """A request this worker holds a slot for, with the fencing token of its lease."""
+
+    id: int
+    token: int
+    attempt: int
+    idempotency_key: str
+    job_id: str | None
+    provider: str
+    model: str
+    endpoint: str
+    input: dict[str, Any]
+    params: dict[str, Any]
+    response_format: dict[str, Any] | None
+    trace: dict[str, Any]
+
+    @property
+    def agent(self) -> str:
+        return str(self.trace.get("agent", ""))
+
+    @property
+    def dimension(self) -> str:
+        return str(self.trace.get("dimension", self.idempotency_key))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one claim transaction did."""
+
+    requests: list[ClaimedRequest]
+    active_slots: int  # requests in flight across every worker, after the claim
+    reclaimed: int = 0  # expired leases of dead workers put back in the queue
+
+
+@dataclass(frozen=True)
+class AttemptFailure:
+    status_code: int | None
+    error_code: str
+    message: str
+    latency_ms: int
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The call succeeded: raw output and usage are written with `completed`."""
+
+    request: ClaimedRequest
+    attempt: int
+    raw_output: str
+    latency_ms: int
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    status_code: int = 200
+
+
+@dataclass(frozen=True)
+class Failed:
+    """No more attempts (or not retryable): the request ends in `error`."""
+
+    request: ClaimedRequest
+    attempt: int
+    failure: AttemptFailure
+    elapsed_ms: int = 0
+
+
+@dataclass(frozen=True)
+class RetryLater:
+    """A retryable failure: the attempt is closed and the next one is due after `delay_s`.
+
+    `hold_slot` keeps the row claimed through the back-off (seed 002); otherwise
+    the row goes back to the queue (a timeout releases its slot, FR-008).
+    `pool_cooldown_s` puts the whole endpoint pool in cooldown (429 with retry-after).
+    """
+
+    request: ClaimedRequest
+    attempt: int
+    failure: AttemptFailure
+    delay_s: float
+    hold_slot: bool = True
+    pool_cooldown_s: float | None = None
+
+
+Outcome = Completed | Failed | RetryLater
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What recording a group of outcomes did, for the events that follow the commit."""
+
+    applied: list[bool]  # per outcome: False when the fencing token or a cancel refused it
+    active_slots: int
+    ts_before_commit: float
+
+
+@dataclass(frozen=True)
+class ReleasedRows:
+    """Rows a stopping worker gave back to the queue."""
+
+    requests: list[ClaimedRequest]
+    active_slots: int
+    ts_before_commit: float

@@ -1,0 +1,105 @@
+"""Engine creation and schema upgrades.
+
+Every command that needs the schema calls `open_engine`, which upgrades to the
+Alembic head on first use: a new user never sees "no such table", and two
+processes starting together on PostgreSQL do not race (an advisory lock makes
+the second wait, then find nothing to do).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+
+from ledger.store.dialect import Dialect, configure_engine
+
+MIGRATE_LOCK_KEY = 7_391_046_222
+
+
+class DatabaseError(RuntimeError):
+    """The database cannot be reached or used; the message is one line."""
+
+
+def normalize_url(url: str) -> str:
+    """Accept the URLs people paste (`postgresql://`, `postgres://`) and use psycopg 3."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise DatabaseError(f"LEDGER_DATABASE_URL: {url!r} is not a database URL") from None
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """Alembic configuration pointing at the migrations shipped inside the package."""
+    script_location = str(resources.files("migrations"))
+    cfg = Config()
+    cfg.set_main_option("script_location", script_location)
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return cfg
+
+
+@lru_cache(maxsize=1)
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def make_engine(url: str) -> tuple[Engine, Dialect]:
+    normalized = normalize_url(url)
+    kwargs: dict[str, object] = {}
+    if normalized.startswith("sqlite"):
+        database = make_url(normalized).database
+        if database and database != ":memory:":
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    else:
+        kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=True)
+    engine = create_engine(normalized, **kwargs)  # type: ignore[arg-type]
+    return engine, configure_engine(engine)
+
+
+def _current_revision(conn: Connection) -> str | None:
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine) -> bool:
+    """Upgrade to head; returns True when something was applied."""
+    try:
+        with engine.connect() as conn:
+            if _current_revision(conn) == head_revision():
+                return False
+    except OperationalError as exc:
+        raise DatabaseError(f"cannot open database {engine.url!r}: {exc.orig}") from None
+    cfg = alembic_config()
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATE_LOCK_KEY})
+            conn.commit()
+        try:
+            if _current_revision(conn) == head_revision():
+                return False
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()
+            return True
+        finally:
+            if engine.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATE_LOCK_KEY})
+                conn.commit()
+
+
+def open_engine(url: str) -> tuple[Engine, Dialect]:
+    """An engine on an up-to-date schema."""
+    engine, dialect = make_engine(url)
+    upgrade(engine)
+    return engine, dialect

@@ -1,0 +1,1 @@
+"""Alembic migrations, shipped inside the package so `ledger migrate` works after `pip install`."""

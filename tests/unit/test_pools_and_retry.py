@@ -1,0 +1,71 @@
+"""Pool keys (seed 002 rules) and the retry policy (seed 000 FR-002)."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.base import ProviderError, classify_status, retry_after_seconds
+from ledger.pools import endpoint_for, normalize_endpoint
+from ledger.retry import JITTER_MAX_S, RetryPolicy
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ("openai:gpt-4o", "openai:gpt-4o"),
+        ("http://api.example.com:8080/v1", "http:api.example.com:8080"),
+        ("https://openrouter.ai/api/v1", "https:openrouter.ai"),
+        ("gpt-4o", "id:gpt-4o"),
+    ],
+)
+def test_endpoint_normalisation(raw: str, key: str) -> None:
+    assert normalize_endpoint(raw) == key
+
+
+def test_compatible_servers_pool_by_url_hosted_ones_by_model() -> None:
+    assert endpoint_for("openai-compatible", "llama3", "http://localhost:11434/v1") == "http:localhost:11434"
+    assert endpoint_for("openai", "gpt-4o", "http://localhost:11434/v1") == "openai:gpt-4o"
+
+
+def test_backoff_doubles_with_bounded_jitter_and_caps() -> None:
+    policy = RetryPolicy(initial_delay=1.0, max_delay=60.0, max_attempts=10)
+    for attempt in range(1, 9):
+        base = min(2 ** (attempt - 1), 60.0)
+        for _ in range(20):
+            delay = policy.delay(attempt)
+            assert base <= delay <= min(base + JITTER_MAX_S, 60.0)
+
+
+def test_retry_after_wins_when_larger_and_is_capped() -> None:
+    policy = RetryPolicy(initial_delay=0.1, max_delay=10.0)
+    assert policy.delay(1, retry_after=4.0) == 4.0
+    assert policy.delay(1, retry_after=500.0) == 10.0
+    assert policy.delay(5, retry_after=0.01) >= 1.6  # backoff larger than the hint
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 529])
+def test_transient_statuses_are_retried(status: int) -> None:
+    assert classify_status(status, "x").retryable
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404])
+def test_client_errors_are_not_retried(status: int) -> None:
+    assert not classify_status(status, "x").retryable
+
+
+def test_insufficient_quota_429_is_not_retried() -> None:
+    body = {"error": {"type": "insufficient_quota", "code": "insufficient_quota", "message": "quota"}}
+    error = classify_status(429, "quota", body)
+    assert not error.retryable and error.code == "insufficient_quota"
+
+
+def test_attempt_budget_is_respected() -> None:
+    policy = RetryPolicy(max_attempts=3)
+    transient = ProviderError("busy", status_code=503, retryable=True)
+    assert policy.should_retry(transient, 2) and not policy.should_retry(transient, 3)
+
+
+def test_retry_after_headers() -> None:
+    assert retry_after_seconds({"retry-after": "2"}) == 2.0
+    assert retry_after_seconds({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert retry_after_seconds({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) is None
