@@ -13,9 +13,6 @@ from ledger.enqueue import RequestSpec, build_spec, to_row
 from ledger.settings import Settings, load_settings
 from ledger.store import EnqueueResult, Store
 
-# Above this many new rows in one call, one summary line replaces per-request events.
-PER_REQUEST_EVENTS_MAX = 10_000
-
 
 class Ledger:
     """A handle on one ledger database.
@@ -62,7 +59,7 @@ class Ledger:
 def announce(result: EnqueueResult) -> None:
     """`queueing` events for newly queued requests (or one summary line for a huge enqueue)."""
     rows = result.inserted_rows
-    if result.inserted and (not rows or result.inserted > PER_REQUEST_EVENTS_MAX):
+    if result.inserted and not rows:
         logging.getLogger("ledger.enqueue").info(
             "enqueued",
             extra={

@@ -54,6 +54,7 @@ class Settings(BaseSettings):
         extra="ignore",
         case_sensitive=False,
         populate_by_name=True,
+        env_ignore_empty=True,
     )
 
     # Seed 000 FR-003: the bounded-concurrency contract.

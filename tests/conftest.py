@@ -16,9 +16,18 @@ import pytest
 
 PG_DSN = os.environ.get("LEDGER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 SETTINGS_ENV = (
-    "MAX_CONCURRENT_LLM_CALLS", "RETRY_INITIAL_DELAY", "RETRY_MAX_DELAY", "RETRY_MAX_ATTEMPTS",
-    "BATCHING_ENABLED", "LLM_CALL_TIMEOUT", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY",
-    "ANTHROPIC_BASE_URL", "OPENAI_COMPATIBLE_BASE_URL", "OPENAI_COMPATIBLE_API_KEY",
+    "MAX_CONCURRENT_LLM_CALLS",
+    "RETRY_INITIAL_DELAY",
+    "RETRY_MAX_DELAY",
+    "RETRY_MAX_ATTEMPTS",
+    "BATCHING_ENABLED",
+    "LLM_CALL_TIMEOUT",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_BASE_URL",
+    "OPENAI_COMPATIBLE_BASE_URL",
+    "OPENAI_COMPATIBLE_API_KEY",
 )
 
 
@@ -26,7 +35,7 @@ SETTINGS_ENV = (
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No developer `.env` or exported variable leaks into a test; cwd is the test's own dir."""
     for name in list(os.environ):
-        if name in SETTINGS_ENV or name.startswith("LEDGER_") and name != "LEDGER_TEST_PG_DSN":
+        if name in SETTINGS_ENV or (name.startswith("LEDGER_") and name != "LEDGER_TEST_PG_DSN"):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
 

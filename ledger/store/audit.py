@@ -85,6 +85,10 @@ class AuditQueries:
             counts.update({status: int(n) for status, n in conn.execute(query).all()})
             return counts
 
+    def attempt_count(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(attempts)).scalar_one())
+
     def pool_usage(self) -> dict[str, dict[str, Any]]:
         """Per endpoint: running (busy slots), queued, and cooldown end if cooling down."""
         c = requests.c

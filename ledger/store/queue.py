@@ -49,6 +49,9 @@ RUNNING = RequestStatus.RUNNING.value
 QUEUED = RequestStatus.QUEUED.value
 # How many candidates to read per free slot: some may belong to pools that fill up.
 _CANDIDATES_PER_SLOT = 4
+# New rows reported back for per-request events; beyond this an enqueue reports counts only,
+# so memory stays flat however large the input is.
+KEEP_INSERTED_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class EnqueueResult:
     inserted: int
     duplicates: int
     queue_depth: int  # queued requests after this enqueue
-    inserted_rows: list[dict[str, Any]]  # id, idempotency_key, trace of each new row
+    inserted_rows: list[dict[str, Any]]  # id, key, trace of each new row; empty past KEEP_INSERTED_MAX
 
 
 def _claimed_columns() -> list[Any]:
@@ -109,8 +112,8 @@ class QueueQueries:
         transaction rolls back, so nothing is half written. Rows are inserted in
         batches so memory stays bounded whatever the size of the input.
         """
-        inserted_rows: list[dict[str, Any]] = []
-        seen = 0
+        kept: list[dict[str, Any]] = []
+        inserted = seen = 0
         with self.engine.begin() as conn:
             next_seq: dict[str | None, int] = {}
             batch: list[dict[str, Any]] = []
@@ -122,25 +125,20 @@ class QueueQueries:
                         conn.execute(
                             self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"}
                         )
-                row = {**row, "fair_seq": next_seq[job_id]}
+                batch.append({**row, "fair_seq": next_seq[job_id]})
                 next_seq[job_id] += 1
-                batch.append(row)
                 if len(batch) >= batch_size:
-                    seen += len(batch)
-                    inserted_rows.extend(self._insert_batch(conn, batch))
-                    batch = []
+                    new = self._insert_batch(conn, batch)
+                    seen, inserted, batch = seen + len(batch), inserted + len(new), []
+                    kept = kept + new if len(kept) + len(new) <= KEEP_INSERTED_MAX else []
             if batch:
-                seen += len(batch)
-                inserted_rows.extend(self._insert_batch(conn, batch))
+                new = self._insert_batch(conn, batch)
+                seen, inserted = seen + len(batch), inserted + len(new)
+                kept = kept + new if len(kept) + len(new) <= KEEP_INSERTED_MAX else []
             depth = conn.execute(
                 select(func.count()).select_from(requests).where(requests.c.status == QUEUED)
             ).scalar_one()
-        return EnqueueResult(
-            len(inserted_rows),
-            seen - len(inserted_rows),
-            depth,
-            inserted_rows if len(inserted_rows) <= 10_000 else [],
-        )
+        return EnqueueResult(inserted, seen - inserted, depth, kept if len(kept) == inserted else [])
 
     def id_for_key(self, idempotency_key: str) -> int:
         with self.engine.connect() as conn:

@@ -22,16 +22,36 @@ def store(db_url: str) -> Iterator[Store]:
 
 def add(store: Store, n: int, *, model: str = "m", job: str | None = None, prefix: str = "r") -> None:
     store.enqueue(
-        to_row(build_spec(model=model, provider="mock", job_id=job, idempotency_key=f"{prefix}-{i}",
-                          messages=[{"role": "user", "content": f"{prefix} {i}"}]))
+        to_row(
+            build_spec(
+                model=model,
+                provider="mock",
+                job_id=job,
+                idempotency_key=f"{prefix}-{i}",
+                messages=[{"role": "user", "content": f"{prefix} {i}"}],
+            )
+        )
         for i in range(n)
     )
 
 
-def claim(store: Store, worker: str = "w1", *, limit: int = 5, pool: Callable[[str], int] | None = None,
-          lease: float = 30.0, max_claims: int = 50) -> list[int]:
-    result = store.claim(worker, lease_seconds=lease, global_limit=limit,
-                         pool_limit=pool or (lambda _: limit), max_attempts=3, max_claims=max_claims)
+def claim(
+    store: Store,
+    worker: str = "w1",
+    *,
+    limit: int = 5,
+    pool: Callable[[str], int] | None = None,
+    lease: float = 30.0,
+    max_claims: int = 50,
+) -> list[int]:
+    result = store.claim(
+        worker,
+        lease_seconds=lease,
+        global_limit=limit,
+        pool_limit=pool or (lambda _: limit),
+        max_attempts=3,
+        max_claims=max_claims,
+    )
     return [r.id for r in result.requests]
 
 
@@ -70,16 +90,28 @@ def test_a_small_job_is_not_starved_by_a_huge_one(store: Store) -> None:
 
 def test_priority_runs_first(store: Store) -> None:
     add(store, 5, prefix="low")
-    store.enqueue([to_row(build_spec(model="m", provider="mock", priority=10, idempotency_key="urgent",
-                                     messages=[{"role": "user", "content": "now"}]))])
+    store.enqueue(
+        [
+            to_row(
+                build_spec(
+                    model="m",
+                    provider="mock",
+                    priority=10,
+                    idempotency_key="urgent",
+                    messages=[{"role": "user", "content": "now"}],
+                )
+            )
+        ]
+    )
     (first,) = claim(store, max_claims=1)
     assert store.get_request(first)["idempotency_key"] == "urgent"  # type: ignore[index]
 
 
 def test_cancel_wins_over_a_late_completion(store: Store) -> None:
     add(store, 1)
-    result = store.claim("w1", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3,
-                         max_claims=5)
+    result = store.claim(
+        "w1", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5
+    )
     (request,) = result.requests
     assert store.cancel(ids=[request.id]) == 1
     recorded = store.record([Completed(request, 1, "late answer", 10)])
@@ -91,25 +123,29 @@ def test_cancel_wins_over_a_late_completion(store: Store) -> None:
 
 def test_expired_lease_is_reclaimed_and_the_stale_worker_is_fenced_out(store: Store) -> None:
     add(store, 1)
-    old = store.claim("dead", lease_seconds=0.05, global_limit=5, pool_limit=lambda _: 5,
-                      max_attempts=3, max_claims=5).requests[0]
+    old = store.claim(
+        "dead", lease_seconds=0.05, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5
+    ).requests[0]
     time.sleep(0.1)  # let the database clock pass the lease (the thing under test is expiry)
-    new = store.claim("alive", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5,
-                      max_attempts=3, max_claims=5)
+    new = store.claim(
+        "alive", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5
+    )
     assert new.reclaimed == 1 and [r.id for r in new.requests] == [old.id]
     assert new.requests[0].attempt == 2 and new.requests[0].token > old.token
     assert store.record([Completed(old, 1, "from the dead", 5)]).applied == [False]
     assert store.record([Completed(new.requests[0], 2, "fresh", 5)]).applied == [True]
     row = store.get_request(old.id)
     assert row is not None and row["raw_output"] == "fresh"
-    assert [a["outcome"] for a in row["attempt_rows"]] == ["succeeded", "succeeded"] or \
-        row["attempt_rows"][1]["outcome"] == "succeeded"
+    assert [a["outcome"] for a in row["attempt_rows"]] == ["succeeded", "succeeded"] or row["attempt_rows"][
+        1
+    ]["outcome"] == "succeeded"
 
 
 def test_retry_that_releases_the_slot_waits_for_its_deadline(store: Store) -> None:
     add(store, 1)
-    (request,) = store.claim("w", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5,
-                             max_attempts=3, max_claims=5).requests
+    (request,) = store.claim(
+        "w", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5
+    ).requests
     failure = AttemptFailure(None, "timeout", "no answer", 100)
     assert store.record([RetryLater(request, 1, failure, delay_s=30, hold_slot=False)]).applied == [True]
     assert store.status_counts()["queued"] == 1
@@ -121,8 +157,9 @@ def test_retry_that_releases_the_slot_waits_for_its_deadline(store: Store) -> No
 def test_429_cooldown_stops_every_worker_claiming_from_the_pool(store: Store) -> None:
     add(store, 3, model="limited", prefix="l")
     add(store, 1, model="other", prefix="o")
-    (first,) = store.claim("w", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5,
-                           max_attempts=3, max_claims=1).requests
+    (first,) = store.claim(
+        "w", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=1
+    ).requests
     failure = AttemptFailure(429, "rate_limit", "slow down", 5)
     store.record([RetryLater(first, 1, failure, delay_s=30, hold_slot=True, pool_cooldown_s=30)])
     ids = claim(store, "w2")
@@ -141,8 +178,14 @@ def test_two_claimers_in_the_same_moment_never_overshoot(pg_url: str, limit: int
 
         def go(i: int) -> None:
             barrier.wait()
-            stores[i].claim(f"w{i}", lease_seconds=30, global_limit=limit, pool_limit=lambda _: limit,
-                            max_attempts=3, max_claims=limit)
+            stores[i].claim(
+                f"w{i}",
+                lease_seconds=30,
+                global_limit=limit,
+                pool_limit=lambda _: limit,
+                max_attempts=3,
+                max_claims=limit,
+            )
 
         threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
         for t in threads:

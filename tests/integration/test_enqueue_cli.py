@@ -21,8 +21,12 @@ def write_jsonl(path: Path, objs: list[object]) -> Path:
 
 def batch_line(i: int) -> dict[str, object]:
     messages = [dict(m, content=str(m["content"]).format(i=i)) for m in MESSAGES]
-    return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "gpt-4o-mini", "messages": messages, "max_tokens": 64}}
+    return {
+        "custom_id": f"req-{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "gpt-4o-mini", "messages": messages, "max_tokens": 64},
+    }
 
 
 def bare_line(i: int) -> dict[str, object]:

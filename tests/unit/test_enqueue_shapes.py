@@ -17,12 +17,19 @@ def rows(lines: list[object], defaults: Defaults | None = None) -> list[dict[str
 
 
 def test_openai_batch_line_and_bare_body_store_the_same_request() -> None:
-    batch_line = {"custom_id": "r-1", "method": "POST", "url": "/v1/chat/completions",
-                  "body": {"model": "gpt-4o-mini", "messages": MESSAGES, "temperature": 0}}
+    batch_line = {
+        "custom_id": "r-1",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "gpt-4o-mini", "messages": MESSAGES, "temperature": 0},
+    }
     bare = {"model": "gpt-4o-mini", "messages": MESSAGES, "temperature": 0, "metadata": {"agent": "a1"}}
     first, second = rows([batch_line, bare])
-    assert first["input"] == second["input"] == {
-        "system": "Be terse.", "messages": [{"role": "user", "content": "Score this."}]}
+    assert (
+        first["input"]
+        == second["input"]
+        == {"system": "Be terse.", "messages": [{"role": "user", "content": "Score this."}]}
+    )
     assert first["params"] == second["params"] == {"temperature": 0}
     assert first["idempotency_key"] == "r-1"
     assert str(second["idempotency_key"]).startswith("sha256:")
@@ -39,8 +46,10 @@ def test_content_hash_is_stable_and_content_sensitive() -> None:
 
 def test_anthropic_url_and_batch_line_select_anthropic() -> None:
     via_url = {"custom_id": "x", "url": "/v1/messages", "body": {"model": "claude", "messages": MESSAGES[1:]}}
-    batch = {"custom_id": "y", "params": {"model": "claude", "max_tokens": 50, "system": "S",
-                                          "messages": MESSAGES[1:]}}
+    batch = {
+        "custom_id": "y",
+        "params": {"model": "claude", "max_tokens": 50, "system": "S", "messages": MESSAGES[1:]},
+    }
     a, b = rows([via_url, batch])
     assert a["provider"] == b["provider"] == "anthropic"
     assert b["input"]["system"] == "S" and b["params"] == {"max_tokens": 50}

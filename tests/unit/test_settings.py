@@ -37,7 +37,9 @@ def test_limit_bounds_are_inclusive(monkeypatch: pytest.MonkeyPatch, value: str)
 
 
 def test_dotenv_file_is_read(tmp_path: Path) -> None:
-    (tmp_path / ".env").write_text("MAX_CONCURRENT_LLM_CALLS=7\nRETRY_MAX_ATTEMPTS=5\nBATCHING_ENABLED=true\n")
+    (tmp_path / ".env").write_text(
+        "MAX_CONCURRENT_LLM_CALLS=7\nRETRY_MAX_ATTEMPTS=5\nBATCHING_ENABLED=true\n"
+    )
     s = load_settings()
     assert (s.max_concurrent_llm_calls, s.retry_max_attempts, s.batching_enabled) == (7, 5, True)
 
@@ -63,3 +65,13 @@ def test_bad_pool_limit_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("LEDGER_POOL_LIMITS", "openai:gpt-4o=lots")
     with pytest.raises(SettingsError, match="LEDGER_POOL_LIMITS item 'openai:gpt-4o=lots'"):
         load_settings(_env_file=None)
+
+
+def test_env_example_documents_every_setting_and_loads_as_the_defaults(tmp_path: Path) -> None:
+    from ledger.settings import Settings
+
+    example = (Path(__file__).parents[2] / ".env.example").read_text()
+    missing = [f.alias for f in Settings.model_fields.values() if f.alias and f"\n{f.alias}=" not in example]
+    assert missing == []
+    (tmp_path / ".env").write_text(example)
+    assert load_settings() == load_settings(_env_file=None)

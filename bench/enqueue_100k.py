@@ -1,0 +1,111 @@
+"""Benchmark: `ledger enqueue` of a 100k-line JSONL file, rows/s and peak memory.
+
+Runs the real CLI in a child process (so peak RSS is the enqueue's alone) on
+SQLite and on PostgreSQL. Usage:
+
+    python bench/enqueue_100k.py [--lines 100000] [--pg postgresql://postgres@127.0.0.1:5432/test]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+
+
+def write_file(path: Path, lines: int) -> None:
+    with path.open("w") as f:
+        for i in range(lines):
+            f.write(
+                json.dumps(
+                    {
+                        "custom_id": f"bench-{i}",
+                        "method": "POST",
+                        "url": "/v1/chat/completions",
+                        "body": {
+                            "model": "gpt-4o-mini",
+                            "max_tokens": 256,
+                            "messages": [
+                                {
+                                    "role": "system",
+                                    "content": "You are a strict grader. Reason, then end with VERDICT: n.",
+                                },
+                                {
+                                    "role": "user",
+                                    "content": f"Grade essay number {i} on clarity. " + "lorem ipsum " * 20,
+                                },
+                            ],
+                        },
+                    }
+                )
+                + "\n"
+            )
+
+
+def run(url: str, path: Path) -> tuple[float, float]:
+    """Returns (seconds, peak RSS in MiB) of one `ledger enqueue` child process."""
+    t0 = time.perf_counter()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ledger.cli", "enqueue", str(path), "--provider", "mock"],
+        env={"LEDGER_DATABASE_URL": url, "PATH": "/usr/bin:/bin", "LEDGER_LOG_LEVEL": "WARNING"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS, not the max of all children
+    elapsed = time.perf_counter() - t0
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise SystemExit(f"ledger enqueue exited {child.returncode}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--lines", type=int, default=100_000)
+    parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "requests.jsonl"
+        write_file(path, args.lines)
+        size_mb = path.stat().st_size / 2**20
+        print(f"input: {args.lines} lines, {size_mb:.1f} MiB")
+        results = {}
+        if args.lines > 1000:  # the baseline: same process, a file 100x smaller
+            small = Path(tmp) / "small.jsonl"
+            write_file(small, args.lines // 100)
+            small_s, small_peak = run(f"sqlite:///{tmp}/small.db", small)
+            print(
+                f"baseline sqlite, {args.lines // 100} lines: {small_s:.2f} s, peak RSS {small_peak:.1f} MiB"
+            )
+        sqlite_url = f"sqlite:///{tmp}/bench.db"
+        results["sqlite"] = run(sqlite_url, path)
+        schema = f"bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(args.pg, autocommit=True) as admin:
+            admin.execute(f"CREATE SCHEMA {schema}")
+            try:
+                pg_url = (
+                    args.pg.replace("postgresql://", "postgresql+psycopg://")
+                    + f"?options=-csearch_path%3D{schema}"
+                )
+                results["postgres"] = run(pg_url, path)
+                again = run(pg_url, path)  # idempotent re-enqueue: every line is a duplicate
+            finally:
+                admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    for name, (seconds, peak) in results.items():
+        print(f"{name:22s} {args.lines / seconds:9.0f} rows/s  {seconds:6.2f} s  peak RSS <= {peak:6.1f} MiB")
+    print(f"re-enqueue (postgres, all duplicates): {args.lines / again[0]:.0f} lines/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
