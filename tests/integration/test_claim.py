@@ -176,7 +176,7 @@ def test_two_claimers_in_the_same_moment_never_overshoot(pg_url: str, limit: int
     for _ in range(30):
         barrier = threading.Barrier(2)
 
-        def go(i: int) -> None:
+        def go(i: int, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
             stores[i].claim(
                 f"w{i}",
