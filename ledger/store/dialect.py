@@ -85,17 +85,19 @@ class Dialect:
     def insert_ignore(self, table: Table, conflict_columns: list[str]) -> Insert:
         """INSERT that silently skips rows whose unique key already exists (idempotency)."""
         module = postgresql if self.name == "postgresql" else sqlite
-        return module.insert(table).on_conflict_do_nothing(index_elements=conflict_columns)
+        stmt: Insert = module.insert(table).on_conflict_do_nothing(index_elements=conflict_columns)
+        return stmt
 
     def upsert(
         self, table: Table, conflict_columns: list[str], values: dict[str, Any], updates: dict[str, Any]
     ) -> Insert:
         module = postgresql if self.name == "postgresql" else sqlite
-        return (
+        stmt: Insert = (
             module.insert(table)
             .values(**values, **updates)
             .on_conflict_do_update(index_elements=conflict_columns, set_=updates)
         )
+        return stmt
 
     def for_update(self, stmt: Select[Any]) -> Select[Any]:
         if self.name == "postgresql":

@@ -179,7 +179,7 @@ class QueueQueries:
         with self.engine.begin() as conn:
             self.dialect.serialize_claimers(conn)
             reclaimed = self._reclaim_expired(conn, max_attempts)
-            in_flight = dict(
+            in_flight: dict[str, int] = dict(
                 conn.execute(
                     select(c.endpoint, func.count()).where(c.status == RUNNING).group_by(c.endpoint)
                 ).all()

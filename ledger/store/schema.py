@@ -64,7 +64,7 @@ def make_engine(url: str) -> tuple[Engine, Dialect]:
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     else:
         kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=True)
-    engine = create_engine(normalized, **kwargs)  # type: ignore[arg-type]
+    engine = create_engine(normalized, **kwargs)
     return engine, configure_engine(engine)
 
 

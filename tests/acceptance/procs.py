@@ -1,0 +1,118 @@
+"""Real processes for acceptance tests: the mock provider, daemons, and their logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+LEDGER = [sys.executable, "-m", "ledger.cli"]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02) -> Any:
+    """Poll until `predicate()` is truthy; fail with a clear message at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+@dataclass
+class MockProcess:
+    proc: subprocess.Popen[str]
+    base_url: str
+
+    @property
+    def openai_base_url(self) -> str:
+        return self.base_url + "/v1"
+
+    def stats(self) -> dict[str, Any]:
+        return dict(httpx.get(self.base_url + "/_stats", timeout=5).json())
+
+
+@contextmanager
+def mock_provider(*args: str) -> Iterator[MockProcess]:
+    proc = subprocess.Popen([*LEDGER, "mock-provider", "--port", "0", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        yield MockProcess(proc, line.strip().rsplit(" ", 1)[-1])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def ledger_env(db_url: str, mock: MockProcess | None = None, **settings: object) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGER_", "OPENAI_", "ANTHROPIC_"))}
+    env["LEDGER_DATABASE_URL"] = db_url
+    if mock is not None:
+        env["OPENAI_BASE_URL"] = mock.openai_base_url
+        env["ANTHROPIC_BASE_URL"] = mock.base_url
+        env["OPENAI_COMPATIBLE_BASE_URL"] = mock.openai_base_url
+    env.setdefault("OPENAI_API_KEY", "test-key")
+    env.setdefault("ANTHROPIC_API_KEY", "test-key")
+    env.update({k: str(v) for k, v in settings.items()})
+    return env
+
+
+def start_daemon(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with log.open("ab") as sink:
+        return subprocess.Popen([*LEDGER, "daemon", *args], env=env, stdout=sink, stderr=sink)
+
+
+def run_daemon(env: dict[str, str], log: Path, *args: str, timeout: float = 120) -> int:
+    proc = start_daemon(env, log, "--until-idle", *args)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"daemon did not become idle within {timeout}s; log: {log.read_text()[-2000:]}")
+
+
+def events(log: Path) -> list[dict[str, Any]]:
+    found = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            found.append(json.loads(line))
+    return found
+
+
+def max_slots_from_log(records: list[dict[str, Any]]) -> int:
+    """Replay acquired/released in timestamp order: the most slots ever held at once."""
+    held = peak = 0
+    for event in sorted((e for e in records if e["event"] in ("acquired", "released")), key=lambda e: e["ts"]):
+        held += 1 if event["event"] == "acquired" else -1
+        peak = max(peak, held)
+    return peak
+
+
+def write_requests(path: Path, prompts: list[tuple[str, str, str]], model: str = "gpt-4o-mini") -> Path:
+    """(agent, dimension, prompt) triples as bare chat bodies with metadata."""
+    with path.open("w") as f:
+        for agent, dimension, prompt in prompts:
+            f.write(json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
+                                "metadata": {"agent": agent, "dimension": dimension}}) + "\n")
+    return path
+
+
+def enqueue(env: dict[str, str], path: Path, *flags: str) -> None:
+    subprocess.run([*LEDGER, "enqueue", str(path), *flags], env=env, check=True, capture_output=True)
