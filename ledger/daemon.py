@@ -26,6 +26,7 @@ from ledger.retry import RetryPolicy
 from ledger.scheduler import Scheduler
 from ledger.settings import Settings
 from ledger.store import Store
+from ledger.waits import first_done
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,14 @@ async def run_daemon(
         database=store.engine.url.render_as_string(hide_password=True),
     )
 
+    no_grace = anyio.Event()
+
     async def watch_signals() -> None:
         nonlocal signalled
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
             async for _ in received:
                 if signalled:  # second signal: no more grace
-                    work.cancel_scope.cancel()
+                    no_grace.set()
                 signalled = True
                 stop.set()
 
@@ -94,7 +97,7 @@ async def run_daemon(
                 await scheduler.run(work, until_idle=until_idle, stop=stop)
                 if stop.is_set():
                     with anyio.move_on_after(settings.shutdown_grace):
-                        await scheduler.wait_all_done()
+                        await first_done(scheduler.wait_all_done, no_grace.wait)
                     work.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await recorder.flush()

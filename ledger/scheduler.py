@@ -21,6 +21,7 @@ from ledger import events
 from ledger.executor import CallContext, execute
 from ledger.settings import Settings
 from ledger.store.rows import AttemptFailure, ClaimedRequest, Failed
+from ledger.waits import first_done
 
 LOG = logging.getLogger("ledger.scheduler")
 
@@ -92,7 +93,7 @@ class Scheduler:
             ):
                 return
             with anyio.move_on_after(self.settings.poll_interval):
-                await _first_of(self._wake, stop)
+                await first_done(self._wake.wait, stop.wait)
 
     def _start(self, tg: TaskGroup, request: ClaimedRequest) -> None:
         self.state.in_flight += 1
@@ -138,14 +139,3 @@ class Scheduler:
                 await self.ctx.lane.run(
                     self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds
                 )
-
-
-async def _first_of(*flags: anyio.Event) -> None:
-    async with anyio.create_task_group() as tg:
-
-        async def wait_one(flag: anyio.Event) -> None:
-            await flag.wait()
-            tg.cancel_scope.cancel()
-
-        for flag in flags:
-            tg.start_soon(wait_one, flag)

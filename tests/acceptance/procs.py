@@ -46,8 +46,12 @@ class MockProcess:
 
 @contextmanager
 def mock_provider(*args: str) -> Iterator[MockProcess]:
-    proc = subprocess.Popen([*LEDGER, "mock-provider", "--port", "0", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*LEDGER, "mock-provider", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -99,7 +103,9 @@ def events(log: Path) -> list[dict[str, Any]]:
 def max_slots_from_log(records: list[dict[str, Any]]) -> int:
     """Replay acquired/released in timestamp order: the most slots ever held at once."""
     held = peak = 0
-    for event in sorted((e for e in records if e["event"] in ("acquired", "released")), key=lambda e: e["ts"]):
+    for event in sorted(
+        (e for e in records if e["event"] in ("acquired", "released")), key=lambda e: e["ts"]
+    ):
         held += 1 if event["event"] == "acquired" else -1
         peak = max(peak, held)
     return peak
@@ -109,8 +115,16 @@ def write_requests(path: Path, prompts: list[tuple[str, str, str]], model: str =
     """(agent, dimension, prompt) triples as bare chat bodies with metadata."""
     with path.open("w") as f:
         for agent, dimension, prompt in prompts:
-            f.write(json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                                "metadata": {"agent": agent, "dimension": dimension}}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "model": model,
+                        "messages": [{"role": "user", "content": prompt}],
+                        "metadata": {"agent": agent, "dimension": dimension},
+                    }
+                )
+                + "\n"
+            )
     return path
 
 

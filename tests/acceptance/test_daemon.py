@@ -63,26 +63,45 @@ def test_transient_faults_all_recover_within_the_attempt_budget(sqlite_url: str,
         "overloaded": "[[mock:fail=529x1]]",
         "hang": "[[mock:hang=1]]",
     }
-    prompts = [("agent", f"{name}-{i}", f"{name} case {i} {directive}")
-               for name, directive in faults.items() for i in range(4)]
+    prompts = [
+        ("agent", f"{name}-{i}", f"{name} case {i} {directive}")
+        for name, directive in faults.items()
+        for i in range(4)
+    ]
     prompts += [("agent", f"plain-{i}", f"plain {i}") for i in range(10)]
     log = tmp_path / "daemon.log"
     with mock_provider() as mock:
-        env = ledger_env(sqlite_url, mock, MAX_CONCURRENT_LLM_CALLS=8, RETRY_MAX_ATTEMPTS=3,
-                         RETRY_INITIAL_DELAY=0.05, RETRY_MAX_DELAY=2, LLM_CALL_TIMEOUT=0.5)
+        env = ledger_env(
+            sqlite_url,
+            mock,
+            MAX_CONCURRENT_LLM_CALLS=8,
+            RETRY_MAX_ATTEMPTS=3,
+            RETRY_INITIAL_DELAY=0.05,
+            RETRY_MAX_DELAY=2,
+            LLM_CALL_TIMEOUT=0.5,
+        )
         enqueue(env, write_requests(tmp_path / "faults.jsonl", prompts))
         assert run_daemon(env, log) == 0
         stats = mock.stats()
     store = Store(sqlite_url)
     assert store.status_counts()["completed"] == len(prompts)
     with store.engine.connect() as conn:
-        attempts = dict(conn.execute(text(
-            "SELECT json_extract(r.trace, '$.dimension'), COUNT(a.id) FROM llm_requests r "
-            "JOIN llm_attempts a ON a.request_id = r.id GROUP BY r.id")).all())
-        unresolved_429 = conn.execute(text(
-            "SELECT COUNT(*) FROM llm_request_audit WHERE rate_limited_attempts > 0 AND status <> 'completed'"
-        )).scalar_one()
-        timeouts = conn.execute(text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'timeout'")).scalar_one()
+        attempts = dict(
+            conn.execute(
+                text(
+                    "SELECT json_extract(r.trace, '$.dimension'), COUNT(a.id) FROM llm_requests r "
+                    "JOIN llm_attempts a ON a.request_id = r.id GROUP BY r.id"
+                )
+            ).all()
+        )
+        unresolved_429 = conn.execute(
+            text(
+                "SELECT COUNT(*) FROM llm_request_audit WHERE rate_limited_attempts > 0 AND status <> 'completed'"
+            )
+        ).scalar_one()
+        timeouts = conn.execute(
+            text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'timeout'")
+        ).scalar_one()
     store.close()
     assert all(attempts[f"rl-{i}"] == 3 for i in range(4))
     assert all(attempts[f"unavailable-{i}"] == 3 for i in range(4))
@@ -94,17 +113,27 @@ def test_transient_faults_all_recover_within_the_attempt_budget(sqlite_url: str,
     records = events(log)
     assert max_slots_from_log(records) <= 8
     retries = [e for e in records if e["event"] == "retry"]
-    assert set(retries[0]) == {"event", "agent", "dimension", "attempt", "status_code", "delay_s",
-                               "request_id", "ts"}
+    assert set(retries[0]) == {
+        "event",
+        "agent",
+        "dimension",
+        "attempt",
+        "status_code",
+        "delay_s",
+        "request_id",
+        "ts",
+    }
     rl = [e for e in retries if e["dimension"].startswith("rl-")]
     assert rl and all(e["status_code"] == 429 and e["delay_s"] >= 0.3 for e in rl)
     assert len([e for e in records if e["event"] == "timeout"]) == 4
 
 
 def test_persistent_failure_ends_in_error_and_the_rest_go_on(db_url: str, tmp_path: Path) -> None:
-    prompts = [("judge", "doomed", "always down [[mock:fail=503x*]]"),
-               ("judge", "unauthorised", "bad key [[mock:fail=401x*]]"),
-               ("judge", "broke", "no quota [[mock:quota]]")]
+    prompts = [
+        ("judge", "doomed", "always down [[mock:fail=503x*]]"),
+        ("judge", "unauthorised", "bad key [[mock:fail=401x*]]"),
+        ("judge", "broke", "no quota [[mock:quota]]"),
+    ]
     prompts += [("judge", f"fine-{i}", f"fine {i}") for i in range(6)]
     log = tmp_path / "daemon.log"
     with mock_provider() as mock:
@@ -118,7 +147,11 @@ def test_persistent_failure_ends_in_error_and_the_rest_go_on(db_url: str, tmp_pa
     doomed, unauthorised, broke = by_dim["doomed"], by_dim["unauthorised"], by_dim["broke"]
     assert (doomed["status"], doomed["attempts"], doomed["last_status_code"]) == ("error", 3, 503)
     assert doomed["error_message"] and doomed["latency_ms"] is not None
-    assert (unauthorised["status"], unauthorised["attempts"], unauthorised["last_status_code"]) == ("error", 1, 401)
+    assert (unauthorised["status"], unauthorised["attempts"], unauthorised["last_status_code"]) == (
+        "error",
+        1,
+        401,
+    )
     assert (broke["status"], broke["attempts"], broke["error_code"]) == ("error", 1, "insufficient_quota")
     assert all(by_dim[f"fine-{i}"]["status"] == "completed" for i in range(6))
     failed = [e for e in events(log) if e["event"] == "failed"]
@@ -144,9 +177,11 @@ def test_sigkill_mid_run_loses_nothing_and_repeats_at_most_what_was_in_flight(
     store = Store(db_url)
     counts = store.status_counts()
     with store.engine.connect() as conn:
-        succeeded = conn.execute(text(
-            "SELECT request_id, COUNT(*) FROM llm_attempts WHERE outcome = 'succeeded' GROUP BY request_id"
-        )).all()
+        succeeded = conn.execute(
+            text(
+                "SELECT request_id, COUNT(*) FROM llm_attempts WHERE outcome = 'succeeded' GROUP BY request_id"
+            )
+        ).all()
         lost = conn.execute(text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'lost'")).scalar_one()
     store.close()
     assert counts["completed"] == 30 and counts["running"] == 0 and counts["queued"] == 0
@@ -162,8 +197,9 @@ def test_two_daemons_on_postgres_share_one_global_limit(pg_url: str, tmp_path: P
     with mock_provider("--latency", "0.15") as mock:
         env = ledger_env(pg_url, mock, MAX_CONCURRENT_LLM_CALLS=4, LEDGER_POLL_INTERVAL=0.05)
         enqueue(env, write_requests(tmp_path / "w.jsonl", prompts))
-        daemons = [start_daemon(env, log, "--until-idle", "--worker-id", f"daemon-{i}")
-                   for i, log in enumerate(logs)]
+        daemons = [
+            start_daemon(env, log, "--until-idle", "--worker-id", f"daemon-{i}") for i, log in enumerate(logs)
+        ]
         assert [d.wait(timeout=120) for d in daemons] == [0, 0]
         stats = mock.stats()
     assert stats["max_in_flight"] <= 4 and stats["calls"] == 60
@@ -189,7 +225,9 @@ def test_sigterm_finishes_or_releases_in_flight_work(sqlite_url: str, tmp_path: 
     store = Store(sqlite_url)
     counts = store.status_counts()
     with store.engine.connect() as conn:
-        open_attempts = conn.execute(text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'running'")).scalar_one()
+        open_attempts = conn.execute(
+            text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'running'")
+        ).scalar_one()
         lost = conn.execute(text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'lost'")).scalar_one()
     store.close()
     assert counts["running"] == 0 and open_attempts == 0
@@ -206,9 +244,15 @@ def test_sigterm_finishes_or_releases_in_flight_work(sqlite_url: str, tmp_path: 
 def test_no_api_key_reaches_the_database_or_the_logs(sqlite_url: str, tmp_path: Path) -> None:
     secret = "sk-test-DO-NOT-LEAK-4242"
     log = tmp_path / "daemon.log"
-    prompts = [("a", "ok", "fine"), ("a", "denied", "nope [[mock:fail=401x*]]"), ("a", "flaky", "x [[mock:fail=503x1]]")]
+    prompts = [
+        ("a", "ok", "fine"),
+        ("a", "denied", "nope [[mock:fail=401x*]]"),
+        ("a", "flaky", "x [[mock:fail=503x1]]"),
+    ]
     with mock_provider() as mock:
-        env = ledger_env(sqlite_url, mock, OPENAI_API_KEY=secret, RETRY_INITIAL_DELAY=0.05, LEDGER_LOG_LEVEL="DEBUG")
+        env = ledger_env(
+            sqlite_url, mock, OPENAI_API_KEY=secret, RETRY_INITIAL_DELAY=0.05, LEDGER_LOG_LEVEL="DEBUG"
+        )
         enqueue(env, write_requests(tmp_path / "k.jsonl", prompts))
         assert run_daemon(env, log) == 0
     database = Path(sqlite_url.removeprefix("sqlite:///"))
