@@ -89,7 +89,7 @@ def run_daemon(env: dict[str, str], log: Path, *args: str, timeout: float = 120)
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"daemon did not become idle within {timeout}s; log: {log.read_text()[-2000:]}")
+        raise AssertionError(f"daemon did not become idle within {timeout}s; log: {log.read_text()[-2000:]}") from None
 
 
 def events(log: Path) -> list[dict[str, Any]]:
