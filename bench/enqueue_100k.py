@@ -68,9 +68,7 @@ def run(url: str, path: Path) -> tuple[float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=100_000)
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()
@@ -84,9 +82,7 @@ def main() -> int:
             small = Path(tmp) / "small.jsonl"
             write_file(small, args.lines // 100)
             small_s, small_peak = run(f"sqlite:///{tmp}/small.db", small)
-            print(
-                f"baseline sqlite, {args.lines // 100} lines: {small_s:.2f} s, peak RSS {small_peak:.1f} MiB"
-            )
+            print(f"baseline sqlite, {args.lines // 100} lines: {small_s:.2f} s, peak RSS {small_peak:.1f} MiB")
         sqlite_url = f"sqlite:///{tmp}/bench.db"
         results["sqlite"] = run(sqlite_url, path)
         schema = f"bench_{uuid.uuid4().hex[:8]}"
@@ -94,8 +90,7 @@ def main() -> int:
             admin.execute(f"CREATE SCHEMA {schema}")
             try:
                 pg_url = (
-                    args.pg.replace("postgresql://", "postgresql+psycopg://")
-                    + f"?options=-csearch_path%3D{schema}"
+                    args.pg.replace("postgresql://", "postgresql+psycopg://") + f"?options=-csearch_path%3D{schema}"
                 )
                 results["postgres"] = run(pg_url, path)
                 again = run(pg_url, path)  # idempotent re-enqueue: every line is a duplicate

@@ -278,8 +278,7 @@ def daemon(
     with operator_errors():
         report = anyio.run(lambda: run_daemon(settings, until_idle=until_idle, worker_id=worker_id))
     err.print(
-        f"daemon stopped: {report.claimed} claimed, {report.released_at_stop} released at stop, "
-        f"{report.wall_s:.1f}s",
+        f"daemon stopped: {report.claimed} claimed, {report.released_at_stop} released at stop, {report.wall_s:.1f}s",
         highlight=False,
     )
 
@@ -290,9 +289,7 @@ def mock_provider(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     latency: Annotated[float, typer.Option(help="Seconds per call.")] = 0.0,
     jitter: Annotated[float, typer.Option(help="Up to this many extra seconds per call.")] = 0.0,
-    max_concurrency: Annotated[
-        int | None, typer.Option(help="More in flight gets 429 + retry-after.")
-    ] = None,
+    max_concurrency: Annotated[int | None, typer.Option(help="More in flight gets 429 + retry-after.")] = None,
     rpm: Annotated[int | None, typer.Option(help="Requests per minute before 429.")] = None,
     fault_rate: Annotated[
         list[str] | None,

@@ -58,7 +58,7 @@ async def run_daemon(
     started = time.monotonic()
     signalled = False
     scheduler: Scheduler
-    recorder = Recorder(store, lane, lambda: scheduler.slot_freed())
+    recorder = Recorder(store, lane, lambda claim: scheduler.slot_freed(claim), lambda: scheduler.claim_args())
     policy = RetryPolicy(settings.retry_initial_delay, settings.retry_max_delay, settings.retry_max_attempts)
     scheduler = Scheduler(
         CallContext(store, lane, recorder, policy, settings.llm_call_timeout), settings, worker, adapters

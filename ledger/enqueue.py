@@ -126,8 +126,7 @@ def to_row(spec: RequestSpec, compatible_base_url: str | None = None) -> dict[st
 def content_key(row: dict[str, Any]) -> str:
     """A stable key for a request without `custom_id`: the hash of everything it asks for."""
     keyed = {
-        k: row[k]
-        for k in ("job_id", "purpose", "provider", "model", "input", "params", "response_format", "trace")
+        k: row[k] for k in ("job_id", "purpose", "provider", "model", "input", "params", "response_format", "trace")
     }
     digest = hashlib.sha256(json.dumps(keyed, sort_keys=True, separators=(",", ":")).encode())
     return "sha256:" + digest.hexdigest()[:40]

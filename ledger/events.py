@@ -58,9 +58,7 @@ def _emit(level: int, fields: dict[str, Any], ts: float | None = None) -> None:
         EVENTS.log(level, fields["event"], extra={"event_fields": fields})
 
 
-def queueing(
-    request_id: int, agent: str, dimension: str, queue_depth: int, level: int = logging.INFO
-) -> None:
+def queueing(request_id: int, agent: str, dimension: str, queue_depth: int, level: int = logging.INFO) -> None:
     _emit(
         level,
         {
@@ -100,9 +98,7 @@ def released(request_id: int, agent: str, dimension: str, active_slots: int, ts:
     )
 
 
-def retry(
-    request_id: int, agent: str, dimension: str, attempt: int, status_code: int | None, delay_s: float
-) -> None:
+def retry(request_id: int, agent: str, dimension: str, attempt: int, status_code: int | None, delay_s: float) -> None:
     _emit(
         logging.WARNING,
         {

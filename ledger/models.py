@@ -161,7 +161,6 @@ class LlmRequest(SQLModel, table=True):
         _check("status", RequestStatus),
         _check("delivery", Delivery),
         UniqueConstraint("idempotency_key", name="uq_llm_requests_idempotency_key"),
-        Index("ix_llm_requests_claim", "status", "delivery", "priority", "fair_seq", "id"),
         Index("ix_llm_requests_inflight", "status", "endpoint"),
         Index("ix_llm_requests_job", "job_id", "created_at"),
         Index("ix_llm_requests_created", "created_at"),
@@ -170,9 +169,7 @@ class LlmRequest(SQLModel, table=True):
 
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
     idempotency_key: str = Field(sa_column=Column(String(200), nullable=False))
-    job_id: str | None = Field(
-        default=None, sa_column=Column(String(200), ForeignKey("jobs.id"), nullable=True)
-    )
+    job_id: str | None = Field(default=None, sa_column=Column(String(200), ForeignKey("jobs.id"), nullable=True))
     fair_seq: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
     purpose: str | None = Field(default=None, sa_column=Column(String(100), nullable=True))
     provider: str = Field(sa_column=Column(String(50), nullable=False))
@@ -194,9 +191,7 @@ class LlmRequest(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
     lease_token: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
     lease_expires_at: datetime | None = _ts()
-    batch_id: int | None = Field(
-        default=None, sa_column=Column(IdType, ForeignKey("llm_batches.id"), nullable=True)
-    )
+    batch_id: int | None = Field(default=None, sa_column=Column(IdType, ForeignKey("llm_batches.id"), nullable=True))
     raw_output: str | None = _text()
     reasoning: str | None = _text()
     verdict_text: str | None = _text()
@@ -213,6 +208,12 @@ class LlmRequest(SQLModel, table=True):
     created_at: datetime | None = _ts(nullable=False, default_now=True)
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
     completed_at: datetime | None = _ts()
+
+
+# The claim query's order, exactly: (priority DESC, fair_seq, id) among queued online rows,
+# so a claim reads a handful of index entries however many rows are queued.
+_req = LlmRequest.__table__  # type: ignore[attr-defined]
+Index("ix_llm_requests_claim", _req.c.status, _req.c.delivery, _req.c.priority.desc(), _req.c.fair_seq, _req.c.id)
 
 
 class LlmAttempt(SQLModel, table=True):
@@ -258,17 +259,13 @@ class Opinion(SQLModel, table=True):
     __table_args__ = (Index("ix_opinions_job", "job_id", "agent", "dimension"),)
 
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
-    job_id: str | None = Field(
-        default=None, sa_column=Column(String(200), ForeignKey("jobs.id"), nullable=True)
-    )
+    job_id: str | None = Field(default=None, sa_column=Column(String(200), ForeignKey("jobs.id"), nullable=True))
     agent: str = Field(sa_column=Column(String(200), nullable=False))
     dimension: str = Field(sa_column=Column(String(200), nullable=False))
     score: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     argument: str | None = _text()
     cited_evidence: Any | None = _json()
-    request_id: int | None = Field(
-        default=None, sa_column=Column(IdType, ForeignKey("llm_requests.id"), nullable=True)
-    )
+    request_id: int | None = Field(default=None, sa_column=Column(IdType, ForeignKey("llm_requests.id"), nullable=True))
     created_at: datetime | None = _ts(nullable=False, default_now=True)
 
 

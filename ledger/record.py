@@ -16,7 +16,7 @@ from anyio.abc import TaskStatus
 
 from ledger import events
 from ledger.store import Store
-from ledger.store.rows import Completed, Failed, Outcome, Recorded, RetryLater
+from ledger.store.rows import Claim, Completed, Failed, Outcome, Recorded, RetryLater
 
 T = TypeVar("T")
 
@@ -32,18 +32,28 @@ class DbLane:
 
 
 def _frees_slot(outcome: Outcome) -> bool:
-    return isinstance(outcome, Completed | Failed) or (
-        isinstance(outcome, RetryLater) and not outcome.hold_slot
-    )
+    return isinstance(outcome, Completed | Failed) or (isinstance(outcome, RetryLater) and not outcome.hold_slot)
 
 
 class Recorder:
-    """Collects outcomes from executors and writes them in groups."""
+    """Collects outcomes from executors and writes them in groups.
 
-    def __init__(self, store: Store, lane: DbLane, on_slot_freed: Callable[[], None]) -> None:
+    When a group frees slots, `claim_args()` (the scheduler's) says whether and
+    how to claim again; the claim then rides in the same transaction and its
+    result goes to `on_slot_freed`, so a freed slot is refilled with one commit.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        lane: DbLane,
+        on_slot_freed: Callable[[Claim | None], None],
+        claim_args: Callable[[], dict[str, Any] | None] = lambda: None,
+    ) -> None:
         self._store = store
         self._lane = lane
         self._on_slot_freed = on_slot_freed
+        self._claim_args = claim_args
         self._pending: list[tuple[Outcome, anyio.Event, list[bool]]] = []
         self._wake = anyio.Event()
 
@@ -67,7 +77,9 @@ class Recorder:
     async def flush(self) -> None:
         while self._pending:
             group, self._pending = self._pending, []
-            recorded: Recorded = await self._lane.run(self._store.record, [item[0] for item in group])
+            outcomes = [item[0] for item in group]
+            claim_args = self._claim_args() if any(_frees_slot(o) for o in outcomes) else None
+            recorded: Recorded = await self._lane.run(self._store.record, outcomes, **(claim_args or {}))
             freed = False
             for (outcome, done, result), applied in zip(group, recorded.applied, strict=True):
                 result[0] = applied
@@ -82,5 +94,5 @@ class Recorder:
                         ts=recorded.ts_before_commit,
                     )
                 done.set()
-            if freed:
-                self._on_slot_freed()
+            if freed or recorded.claim:
+                self._on_slot_freed(recorded.claim)

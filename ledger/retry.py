@@ -27,9 +27,7 @@ class RetryPolicy:
     _wait: wait_base = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        wait = wait_exponential(multiplier=self.initial_delay, max=self.max_delay) + wait_random(
-            0, JITTER_MAX_S
-        )
+        wait = wait_exponential(multiplier=self.initial_delay, max=self.max_delay) + wait_random(0, JITTER_MAX_S)
         object.__setattr__(self, "_wait", wait)
 
     def should_retry(self, error: ProviderError, attempt: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -20,7 +21,7 @@ from adapters.registry import make_adapter
 from ledger import events
 from ledger.executor import CallContext, execute
 from ledger.settings import Settings
-from ledger.store.rows import AttemptFailure, ClaimedRequest, Failed
+from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed
 from ledger.waits import first_done
 
 LOG = logging.getLogger("ledger.scheduler")
@@ -45,8 +46,25 @@ class Scheduler:
         self._wake = anyio.Event()
         self._all_done = anyio.Event()
         self._all_done.set()
+        self._tg: TaskGroup | None = None
+        self._stopping = False
+        self.limits: dict[str, Any] = {
+            "lease_seconds": settings.lease_seconds,
+            "global_limit": settings.max_concurrent_llm_calls,
+            "pool_limit": settings.pool_limit,
+            "max_attempts": settings.retry_max_attempts,
+            "max_claims": settings.max_concurrent_llm_calls,
+        }
 
-    def slot_freed(self) -> None:
+    def claim_args(self) -> dict[str, Any] | None:
+        """For the recorder: claim in its transaction unless we are stopping."""
+        if self._stopping or self._tg is None:
+            return None
+        return {"claim_for": self.worker_id, **self.limits}
+
+    def slot_freed(self, claim: Claim | None = None) -> None:
+        if claim is not None and self._tg is not None:
+            self._accept(claim, self._tg)
         self._wake.set()
 
     def adapter_for(self, provider: str) -> Adapter:
@@ -58,39 +76,35 @@ class Scheduler:
         for adapter in self._adapters.values():
             await adapter.aclose()
 
-    async def claim_once(self) -> list[ClaimedRequest]:
-        s = self.settings
-        claim = await self.ctx.lane.run(
-            self.ctx.store.claim,
-            self.worker_id,
-            lease_seconds=s.lease_seconds,
-            global_limit=s.max_concurrent_llm_calls,
-            pool_limit=s.pool_limit,
-            max_attempts=s.retry_max_attempts,
-            max_claims=s.max_concurrent_llm_calls,
-        )
+    async def claim_once(self, tg: TaskGroup) -> int:
+        claim = await self.ctx.lane.run(self.ctx.store.claim, self.worker_id, **self.limits)
+        return self._accept(claim, tg)
+
+    def _accept(self, claim: Claim, tg: TaskGroup) -> int:
+        """Announce and start what a claim took; returns how many."""
         if claim.reclaimed:
             self.state.reclaimed_total += claim.reclaimed
             LOG.warning("reclaimed expired leases", extra={"details": {"count": claim.reclaimed}})
         first = claim.active_slots - len(claim.requests)
         for i, request in enumerate(claim.requests, start=1):
             events.acquired(request.id, request.agent, request.dimension, first + i)
-        return claim.requests
+            self._start(tg, request)
+        return len(claim.requests)
 
     async def run(self, tg: TaskGroup, *, until_idle: bool, stop: anyio.Event) -> None:
         """Claim and start work until `stop` is set (or, with until_idle, nothing is left)."""
+        self._tg = tg
+        try:
+            await self._claim_loop(tg, until_idle=until_idle, stop=stop)
+        finally:
+            self._stopping = True
+
+    async def _claim_loop(self, tg: TaskGroup, *, until_idle: bool, stop: anyio.Event) -> None:
         while not stop.is_set():
             self._wake = anyio.Event()
-            claimed = await self.claim_once()
-            for request in claimed:
-                self._start(tg, request)
-            if claimed:
+            if await self.claim_once(tg):
                 continue
-            if (
-                until_idle
-                and self.state.in_flight == 0
-                and not await self.ctx.lane.run(self.ctx.store.has_online_work)
-            ):
+            if until_idle and self.state.in_flight == 0 and not await self.ctx.lane.run(self.ctx.store.has_online_work):
                 return
             with anyio.move_on_after(self.settings.poll_interval):
                 await first_done(self._wake.wait, stop.wait)
@@ -136,6 +150,4 @@ class Scheduler:
             with anyio.move_on_after(interval):
                 await stop.wait()
             if self.state.in_flight:
-                await self.ctx.lane.run(
-                    self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds
-                )
+                await self.ctx.lane.run(self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import (
@@ -38,6 +38,7 @@ from ledger.store.rows import (
     Outcome,
     Recorded,
     ReleasedRows,
+    RetryLater,
 )
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -97,6 +98,117 @@ def _to_claimed(row: Any) -> ClaimedRequest:
     )
 
 
+def _kind(outcome: Outcome) -> str:
+    if isinstance(outcome, Completed):
+        return "completed"
+    if isinstance(outcome, Failed):
+        return "failed"
+    return "retry_hold" if outcome.hold_slot else "retry_release"
+
+
+_EXPECTED_STATUS = {
+    "completed": RequestStatus.COMPLETED.value,
+    "failed": RequestStatus.ERROR.value,
+    "retry_hold": RUNNING,
+    "retry_release": QUEUED,
+}
+
+_FINISH_ATTEMPT = (
+    update(attempts)
+    .where(attempts.c.request_id == bindparam("b_id"), attempts.c.attempt == bindparam("b_attempt"))
+    .values(
+        outcome=bindparam("b_outcome"),
+        status_code=bindparam("b_status"),
+        error_code=bindparam("b_code"),
+        error_message=bindparam("b_message"),
+        latency_ms=bindparam("b_latency"),
+        retry_delay_s=bindparam("b_delay"),
+        finished_at=db_now(),
+    )
+)
+
+
+def _attempt_values(o: Outcome) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "b_id": o.request.id,
+        "b_attempt": o.attempt,
+        "b_code": None,
+        "b_message": None,
+        "b_delay": None,
+    }
+    if isinstance(o, Completed):
+        return values | {
+            "b_outcome": AttemptOutcome.SUCCEEDED.value,
+            "b_status": o.status_code,
+            "b_latency": o.latency_ms,
+        }
+    f = o.failure
+    timed_out = isinstance(o, RetryLater) and f.error_code == "timeout"
+    return values | {
+        "b_outcome": (AttemptOutcome.TIMEOUT if timed_out else AttemptOutcome.FAILED).value,
+        "b_status": f.status_code,
+        "b_code": f.error_code,
+        "b_message": f.message,
+        "b_latency": f.latency_ms,
+        "b_delay": o.delay_s if isinstance(o, RetryLater) else None,
+    }
+
+
+def _fenced_update() -> Any:
+    c = requests.c
+    return update(requests).where(c.id == bindparam("b_id"), c.lease_token == bindparam("b_token"), c.status == RUNNING)
+
+
+_FINAL = {"completed_at": db_now(), "lease_owner": None, "lease_expires_at": None, "updated_at": db_now()}
+_RETRY = {
+    "next_attempt_at": db_now_plus(bindparam("b_delay")),
+    "last_status_code": bindparam("b_status"),
+    "error_code": bindparam("b_code"),
+    "error_message": bindparam("b_message"),
+    "updated_at": db_now(),
+}
+_REQUEST_UPDATES = {
+    "completed": _fenced_update().values(
+        status=RequestStatus.COMPLETED.value,
+        raw_output=bindparam("b_raw"),
+        input_tokens=bindparam("b_in"),
+        output_tokens=bindparam("b_out"),
+        latency_ms=bindparam("b_latency"),
+        last_status_code=bindparam("b_status"),
+        error_code=None,
+        error_message=None,
+        **_FINAL,
+    ),
+    "failed": _fenced_update().values(
+        status=RequestStatus.ERROR.value,
+        error_code=bindparam("b_code"),
+        error_message=bindparam("b_message"),
+        last_status_code=bindparam("b_status"),
+        latency_ms=bindparam("b_latency"),
+        **_FINAL,
+    ),
+    "retry_hold": _fenced_update().values(**_RETRY),
+    "retry_release": _fenced_update().values(status=QUEUED, lease_owner=None, lease_expires_at=None, **_RETRY),
+}
+
+
+def _request_values(o: Outcome) -> dict[str, Any]:
+    values: dict[str, Any] = {"b_id": o.request.id, "b_token": o.request.token}
+    if isinstance(o, Completed):
+        return values | {
+            "b_raw": o.raw_output,
+            "b_in": o.input_tokens,
+            "b_out": o.output_tokens,
+            "b_latency": o.latency_ms,
+            "b_status": o.status_code,
+        }
+    f = o.failure
+    values |= {"b_code": f.error_code, "b_message": f.message, "b_status": f.status_code}
+    if isinstance(o, Failed):
+        return values | {"b_latency": o.elapsed_ms}
+    return values | {"b_delay": o.delay_s}
+
+
 class QueueQueries:
     """Mixed into `Store`; needs `engine` and `dialect`."""
 
@@ -122,9 +234,7 @@ class QueueQueries:
                 if job_id not in next_seq:
                     next_seq[job_id] = self._max_fair_seq(conn, job_id) + 1
                     if job_id is not None:
-                        conn.execute(
-                            self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"}
-                        )
+                        conn.execute(self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"})
                 batch.append({**row, "fair_seq": next_seq[job_id]})
                 next_seq[job_id] += 1
                 if len(batch) >= batch_size:
@@ -143,16 +253,12 @@ class QueueQueries:
     def id_for_key(self, idempotency_key: str) -> int:
         with self.engine.connect() as conn:
             return int(
-                conn.execute(
-                    select(requests.c.id).where(requests.c.idempotency_key == idempotency_key)
-                ).scalar_one()
+                conn.execute(select(requests.c.id).where(requests.c.idempotency_key == idempotency_key)).scalar_one()
             )
 
     def _max_fair_seq(self, conn: Connection, job_id: str | None) -> int:
         where = requests.c.job_id.is_(None) if job_id is None else requests.c.job_id == job_id
-        return int(
-            conn.execute(select(func.coalesce(func.max(requests.c.fair_seq), 0)).where(where)).scalar_one()
-        )
+        return int(conn.execute(select(func.coalesce(func.max(requests.c.fair_seq), 0)).where(where)).scalar_one())
 
     def _insert_batch(self, conn: Connection, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         stmt = (
@@ -164,8 +270,14 @@ class QueueQueries:
 
     # -- claim -----------------------------------------------------------------
 
-    def claim(
+    def claim(self, worker: str, **limits: Any) -> Claim:
+        """Take as many due requests as free slots allow, in one serialised transaction."""
+        with self.engine.begin() as conn:
+            return self._claim_in(conn, worker, **limits)
+
+    def _claim_in(
         self,
+        conn: Connection,
         worker: str,
         *,
         lease_seconds: float,
@@ -174,72 +286,66 @@ class QueueQueries:
         max_attempts: int,
         max_claims: int,
     ) -> Claim:
-        """Take as many due requests as free slots allow, in one serialised transaction."""
         c = requests.c
-        with self.engine.begin() as conn:
-            self.dialect.serialize_claimers(conn)
-            reclaimed = self._reclaim_expired(conn, max_attempts)
-            in_flight: dict[str, int] = dict(
-                conn.execute(
-                    select(c.endpoint, func.count()).where(c.status == RUNNING).group_by(c.endpoint)
-                ).all()
-            )
-            total = sum(in_flight.values())
-            free_total = min(global_limit - total, max_claims)
-            if free_total <= 0:
-                return Claim([], total, reclaimed)
-            cooling = set(
-                conn.execute(select(pools.c.endpoint).where(pools.c.cooldown_until > db_now())).scalars()
-            )
-            full = {ep for ep, n in in_flight.items() if n >= pool_limit(ep)} | cooling
-            query = (
-                select(c.id, c.endpoint)
-                .where(c.status == QUEUED, c.delivery == Delivery.ONLINE.value, c.next_attempt_at <= db_now())
-                .order_by(c.priority.desc(), c.fair_seq, c.id)
-                .limit(free_total * _CANDIDATES_PER_SLOT)
-            )
-            if full:
-                query = query.where(c.endpoint.not_in(full))
-            picked: list[int] = []
-            taken: dict[str, int] = {}
-            for row in conn.execute(self.dialect.for_update(query)):
-                used = in_flight.get(row.endpoint, 0) + taken.get(row.endpoint, 0)
-                if used < pool_limit(row.endpoint):
-                    picked.append(row.id)
-                    taken[row.endpoint] = taken.get(row.endpoint, 0) + 1
-                    if len(picked) == free_total:
-                        break
-            if not picked:
-                return Claim([], total, reclaimed)
-            claimed = [
-                _to_claimed(r)
-                for r in conn.execute(
-                    update(requests)
-                    .where(c.id.in_(picked), c.status == QUEUED)
-                    .values(
-                        status=RUNNING,
-                        lease_owner=worker,
-                        lease_token=c.lease_token + 1,
-                        lease_expires_at=db_now_plus(lease_seconds),
-                        attempts=c.attempts + 1,
-                        updated_at=db_now(),
-                    )
-                    .returning(*_claimed_columns())
+        self.dialect.serialize_claimers(conn)
+        reclaimed = self._reclaim_expired(conn, max_attempts)
+        in_flight: dict[str, int] = dict(
+            conn.execute(select(c.endpoint, func.count()).where(c.status == RUNNING).group_by(c.endpoint)).all()
+        )
+        total = sum(in_flight.values())
+        free_total = min(global_limit - total, max_claims)
+        if free_total <= 0:
+            return Claim([], total, reclaimed)
+        cooling = set(conn.execute(select(pools.c.endpoint).where(pools.c.cooldown_until > db_now())).scalars())
+        full = {ep for ep, n in in_flight.items() if n >= pool_limit(ep)} | cooling
+        query = (
+            select(c.id, c.endpoint)
+            .where(c.status == QUEUED, c.delivery == Delivery.ONLINE.value, c.next_attempt_at <= db_now())
+            .order_by(c.priority.desc(), c.fair_seq, c.id)
+            .limit(free_total * _CANDIDATES_PER_SLOT)
+        )
+        if full:
+            query = query.where(c.endpoint.not_in(full))
+        picked: list[int] = []
+        taken: dict[str, int] = {}
+        for row in conn.execute(self.dialect.for_update(query)):
+            used = in_flight.get(row.endpoint, 0) + taken.get(row.endpoint, 0)
+            if used < pool_limit(row.endpoint):
+                picked.append(row.id)
+                taken[row.endpoint] = taken.get(row.endpoint, 0) + 1
+                if len(picked) == free_total:
+                    break
+        if not picked:
+            return Claim([], total, reclaimed)
+        claimed = [
+            _to_claimed(r)
+            for r in conn.execute(
+                update(requests)
+                .where(c.id.in_(picked), c.status == QUEUED)
+                .values(
+                    status=RUNNING,
+                    lease_owner=worker,
+                    lease_token=c.lease_token + 1,
+                    lease_expires_at=db_now_plus(lease_seconds),
+                    attempts=c.attempts + 1,
+                    updated_at=db_now(),
                 )
-            ]
-            conn.execute(
-                insert(attempts).values(started_at=db_now()),
-                [
-                    {
-                        "request_id": r.id,
-                        "attempt": r.attempt,
-                        "worker": worker,
-                        "outcome": AttemptOutcome.RUNNING.value,
-                    }
-                    for r in claimed
-                ],
+                .returning(*_claimed_columns())
             )
-            return Claim(sorted(claimed, key=lambda r: picked.index(r.id)), total + len(claimed), reclaimed)
+        ]
+        conn.execute(
+            insert(attempts).values(started_at=db_now()),
+            [
+                {
+                    "request_id": r.id,
+                    "attempt": r.attempt,
+                    "worker": worker,
+                    "outcome": AttemptOutcome.RUNNING.value,
+                }
+                for r in claimed
+            ],
+        )
+        return Claim(sorted(claimed, key=lambda r: picked.index(r.id)), total + len(claimed), reclaimed)
 
     def _reclaim_expired(self, conn: Connection, max_attempts: int) -> int:
         """Put the rows of dead workers back in the queue (or end them if out of attempts)."""
@@ -279,111 +385,47 @@ class QueueQueries:
 
     # -- record ----------------------------------------------------------------
 
-    def record(self, outcomes: list[Outcome]) -> Recorded:
-        """Write a group of outcomes in one transaction (group commit).
+    def record(self, outcomes: list[Outcome], claim_for: str | None = None, **limits: Any) -> Recorded:
+        """Write a group of outcomes in one transaction (group commit), set-based.
 
-        The timestamp taken just before the commit is returned so that `released`
-        events can be stamped no later than the slot really became free.
+        One executemany per kind of change, then one read that tells, per outcome,
+        whether its fenced update took effect (same token, expected status). The
+        timestamp taken just before the commit is returned so that `released`
+        events are stamped no later than the slots really became free.
+
+        With `claim_for` (a worker id) the slots freed here are claimed again in
+        the same transaction: one commit per round instead of two.
         """
         with self.engine.begin() as conn:
-            applied = [self._record_one(conn, outcome) for outcome in outcomes]
+            conn.execute(_FINISH_ATTEMPT, [_attempt_values(o) for o in outcomes])
+            for kind, stmt in _REQUEST_UPDATES.items():
+                params = [_request_values(o) for o in outcomes if _kind(o) == kind]
+                if params:
+                    conn.execute(stmt, params)
+            for o in outcomes:
+                if isinstance(o, RetryLater) and o.pool_cooldown_s:
+                    self._cool_down(conn, o.request.endpoint, o.pool_cooldown_s)
+            c = requests.c
+            now = {
+                row.id: (row.lease_token, row.status)
+                for row in conn.execute(
+                    select(c.id, c.lease_token, c.status).where(c.id.in_([o.request.id for o in outcomes]))
+                )
+            }
+            applied = [now.get(o.request.id) == (o.request.token, _EXPECTED_STATUS[_kind(o)]) for o in outcomes]
             active = self._active(conn)
+            claim = self._claim_in(conn, claim_for, **limits) if claim_for else None
             ts = time.time()
-        return Recorded(applied, active, ts)
+        return Recorded(applied, active, ts, claim)
 
     def _active(self, conn: Connection) -> int:
         return int(
-            conn.execute(
-                select(func.count()).select_from(requests).where(requests.c.status == RUNNING)
-            ).scalar_one()
+            conn.execute(select(func.count()).select_from(requests).where(requests.c.status == RUNNING)).scalar_one()
         )
 
     def _fenced(self, request: ClaimedRequest) -> Any:
         c = requests.c
         return and_(c.id == request.id, c.lease_token == request.token, c.status == RUNNING)
-
-    def _finish_attempt(self, conn: Connection, request: ClaimedRequest, attempt: int, **values: Any) -> None:
-        conn.execute(
-            update(attempts)
-            .where(attempts.c.request_id == request.id, attempts.c.attempt == attempt)
-            .values(finished_at=db_now(), **values)
-        )
-
-    def _record_one(self, conn: Connection, outcome: Outcome) -> bool:
-        request = outcome.request
-        row: dict[str, Any]
-        if isinstance(outcome, Completed):
-            self._finish_attempt(
-                conn,
-                request,
-                outcome.attempt,
-                outcome=AttemptOutcome.SUCCEEDED.value,
-                status_code=outcome.status_code,
-                latency_ms=outcome.latency_ms,
-            )
-            row = dict(
-                status=RequestStatus.COMPLETED.value,
-                raw_output=outcome.raw_output,
-                input_tokens=outcome.input_tokens,
-                output_tokens=outcome.output_tokens,
-                latency_ms=outcome.latency_ms,
-                last_status_code=outcome.status_code,
-                error_code=None,
-                error_message=None,
-                completed_at=db_now(),
-                lease_owner=None,
-                lease_expires_at=None,
-            )
-        elif isinstance(outcome, Failed):
-            f = outcome.failure
-            self._finish_attempt(
-                conn,
-                request,
-                outcome.attempt,
-                outcome=AttemptOutcome.FAILED.value,
-                status_code=f.status_code,
-                error_code=f.error_code,
-                error_message=f.message,
-                latency_ms=f.latency_ms,
-            )
-            row = dict(
-                status=RequestStatus.ERROR.value,
-                error_code=f.error_code,
-                error_message=f.message,
-                last_status_code=f.status_code,
-                latency_ms=outcome.elapsed_ms,
-                completed_at=db_now(),
-                lease_owner=None,
-                lease_expires_at=None,
-            )
-        else:
-            f = outcome.failure
-            timed_out = f.error_code == "timeout"
-            self._finish_attempt(
-                conn,
-                request,
-                outcome.attempt,
-                outcome=(AttemptOutcome.TIMEOUT if timed_out else AttemptOutcome.FAILED).value,
-                status_code=f.status_code,
-                error_code=f.error_code,
-                error_message=f.message,
-                latency_ms=f.latency_ms,
-                retry_delay_s=outcome.delay_s,
-            )
-            row = dict(
-                next_attempt_at=db_now_plus(outcome.delay_s),
-                last_status_code=f.status_code,
-                error_code=f.error_code,
-                error_message=f.message,
-            )
-            if not outcome.hold_slot:
-                row.update(status=QUEUED, lease_owner=None, lease_expires_at=None)
-            if outcome.pool_cooldown_s:
-                self._cool_down(conn, request.endpoint, outcome.pool_cooldown_s)
-        result = conn.execute(
-            update(requests).where(self._fenced(request)).values(updated_at=db_now(), **row)
-        )
-        return bool(result.rowcount)
 
     def _cool_down(self, conn: Connection, endpoint: str, seconds: float) -> None:
         until = db_now_plus(seconds)
@@ -489,9 +531,7 @@ class QueueQueries:
         with self.engine.connect() as conn:
             return (
                 conn.execute(
-                    select(c.id)
-                    .where(c.delivery == Delivery.ONLINE.value, c.status.in_([QUEUED, RUNNING]))
-                    .limit(1)
+                    select(c.id).where(c.delivery == Delivery.ONLINE.value, c.status.in_([QUEUED, RUNNING])).limit(1)
                 ).first()
                 is not None
             )

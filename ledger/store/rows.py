@@ -97,8 +97,9 @@ class Recorded:
     """What recording a group of outcomes did, for the events that follow the commit."""
 
     applied: list[bool]  # per outcome: False when the fencing token or a cancel refused it
-    active_slots: int
+    active_slots: int  # in flight after the outcomes, before any claim made in the same transaction
     ts_before_commit: float
+    claim: Claim | None = None
 
 
 @dataclass(frozen=True)

@@ -206,7 +206,9 @@ def upgrade() -> None:
     with op.batch_alter_table("llm_requests", schema=None) as batch_op:
         batch_op.create_index("ix_llm_requests_batch", ["batch_id"], unique=False)
         batch_op.create_index(
-            "ix_llm_requests_claim", ["status", "delivery", "priority", "fair_seq", "id"], unique=False
+            "ix_llm_requests_claim",
+            ["status", "delivery", sa.text("priority DESC"), "fair_seq", "id"],
+            unique=False,
         )
         batch_op.create_index("ix_llm_requests_created", ["created_at"], unique=False)
         batch_op.create_index("ix_llm_requests_inflight", ["status", "endpoint"], unique=False)

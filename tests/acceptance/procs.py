@@ -103,9 +103,7 @@ def events(log: Path) -> list[dict[str, Any]]:
 def max_slots_from_log(records: list[dict[str, Any]]) -> int:
     """Replay acquired/released in timestamp order: the most slots ever held at once."""
     held = peak = 0
-    for event in sorted(
-        (e for e in records if e["event"] in ("acquired", "released")), key=lambda e: e["ts"]
-    ):
+    for event in sorted((e for e in records if e["event"] in ("acquired", "released")), key=lambda e: e["ts"]):
         held += 1 if event["event"] == "acquired" else -1
         peak = max(peak, held)
     return peak

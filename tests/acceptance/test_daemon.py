@@ -64,9 +64,7 @@ def test_transient_faults_all_recover_within_the_attempt_budget(sqlite_url: str,
         "hang": "[[mock:hang=1]]",
     }
     prompts = [
-        ("agent", f"{name}-{i}", f"{name} case {i} {directive}")
-        for name, directive in faults.items()
-        for i in range(4)
+        ("agent", f"{name}-{i}", f"{name} case {i} {directive}") for name, directive in faults.items() for i in range(4)
     ]
     prompts += [("agent", f"plain-{i}", f"plain {i}") for i in range(10)]
     log = tmp_path / "daemon.log"
@@ -95,13 +93,9 @@ def test_transient_faults_all_recover_within_the_attempt_budget(sqlite_url: str,
             ).all()
         )
         unresolved_429 = conn.execute(
-            text(
-                "SELECT COUNT(*) FROM llm_request_audit WHERE rate_limited_attempts > 0 AND status <> 'completed'"
-            )
+            text("SELECT COUNT(*) FROM llm_request_audit WHERE rate_limited_attempts > 0 AND status <> 'completed'")
         ).scalar_one()
-        timeouts = conn.execute(
-            text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'timeout'")
-        ).scalar_one()
+        timeouts = conn.execute(text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'timeout'")).scalar_one()
     store.close()
     assert all(attempts[f"rl-{i}"] == 3 for i in range(4))
     assert all(attempts[f"unavailable-{i}"] == 3 for i in range(4))
@@ -160,9 +154,7 @@ def test_persistent_failure_ends_in_error_and_the_rest_go_on(db_url: str, tmp_pa
     assert line["elapsed_s"] > 0
 
 
-def test_sigkill_mid_run_loses_nothing_and_repeats_at_most_what_was_in_flight(
-    db_url: str, tmp_path: Path
-) -> None:
+def test_sigkill_mid_run_loses_nothing_and_repeats_at_most_what_was_in_flight(db_url: str, tmp_path: Path) -> None:
     log = tmp_path / "daemon.log"
     with mock_provider("--latency", "0.5") as mock:
         env = ledger_env(db_url, mock, MAX_CONCURRENT_LLM_CALLS=5, LEDGER_LEASE_SECONDS=1.5)
@@ -178,9 +170,7 @@ def test_sigkill_mid_run_loses_nothing_and_repeats_at_most_what_was_in_flight(
     counts = store.status_counts()
     with store.engine.connect() as conn:
         succeeded = conn.execute(
-            text(
-                "SELECT request_id, COUNT(*) FROM llm_attempts WHERE outcome = 'succeeded' GROUP BY request_id"
-            )
+            text("SELECT request_id, COUNT(*) FROM llm_attempts WHERE outcome = 'succeeded' GROUP BY request_id")
         ).all()
         lost = conn.execute(text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'lost'")).scalar_one()
     store.close()
@@ -197,9 +187,7 @@ def test_two_daemons_on_postgres_share_one_global_limit(pg_url: str, tmp_path: P
     with mock_provider("--latency", "0.15") as mock:
         env = ledger_env(pg_url, mock, MAX_CONCURRENT_LLM_CALLS=4, LEDGER_POLL_INTERVAL=0.05)
         enqueue(env, write_requests(tmp_path / "w.jsonl", prompts))
-        daemons = [
-            start_daemon(env, log, "--until-idle", "--worker-id", f"daemon-{i}") for i, log in enumerate(logs)
-        ]
+        daemons = [start_daemon(env, log, "--until-idle", "--worker-id", f"daemon-{i}") for i, log in enumerate(logs)]
         assert [d.wait(timeout=120) for d in daemons] == [0, 0]
         stats = mock.stats()
     assert stats["max_in_flight"] <= 4 and stats["calls"] == 60
@@ -225,9 +213,7 @@ def test_sigterm_finishes_or_releases_in_flight_work(sqlite_url: str, tmp_path: 
     store = Store(sqlite_url)
     counts = store.status_counts()
     with store.engine.connect() as conn:
-        open_attempts = conn.execute(
-            text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'running'")
-        ).scalar_one()
+        open_attempts = conn.execute(text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'running'")).scalar_one()
         lost = conn.execute(text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'lost'")).scalar_one()
     store.close()
     assert counts["running"] == 0 and open_attempts == 0
@@ -250,9 +236,7 @@ def test_no_api_key_reaches_the_database_or_the_logs(sqlite_url: str, tmp_path: 
         ("a", "flaky", "x [[mock:fail=503x1]]"),
     ]
     with mock_provider() as mock:
-        env = ledger_env(
-            sqlite_url, mock, OPENAI_API_KEY=secret, RETRY_INITIAL_DELAY=0.05, LEDGER_LOG_LEVEL="DEBUG"
-        )
+        env = ledger_env(sqlite_url, mock, OPENAI_API_KEY=secret, RETRY_INITIAL_DELAY=0.05, LEDGER_LOG_LEVEL="DEBUG")
         enqueue(env, write_requests(tmp_path / "k.jsonl", prompts))
         assert run_daemon(env, log) == 0
     database = Path(sqlite_url.removeprefix("sqlite:///"))

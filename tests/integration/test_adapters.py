@@ -51,8 +51,7 @@ def test_openai_answer_and_usage(mock: RunningMockProvider) -> None:
     assert result.text.strip().splitlines()[-1].startswith("VERDICT: ")
     assert result.input_tokens and result.output_tokens and result.status_code == 200
     assert (
-        call(openai(mock), ask("grade this", system="You are a judge.", params={"temperature": 0})).text
-        == result.text
+        call(openai(mock), ask("grade this", system="You are a judge.", params={"temperature": 0})).text == result.text
     )
 
 
@@ -102,9 +101,7 @@ def test_openai_status_classification(mock: RunningMockProvider, status: int, re
 
 def test_anthropic_overloaded_is_retryable(mock: RunningMockProvider) -> None:
     adapter = AnthropicAdapter(api_key="k", base_url=mock.anthropic_base_url)
-    error = failure(
-        adapter, CallRequest(model="c", messages=[{"role": "user", "content": "x [[mock:fail=529x*]]"}])
-    )
+    error = failure(adapter, CallRequest(model="c", messages=[{"role": "user", "content": "x [[mock:fail=529x*]]"}]))
     assert error.status_code == 529 and error.retryable
 
 

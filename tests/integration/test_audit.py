@@ -33,9 +33,7 @@ def populate(url: str) -> dict[str, int]:
         )
         for i in range(3)
     )
-    claim = store.claim(
-        "w", lease_seconds=30, global_limit=2, pool_limit=lambda _: 2, max_attempts=3, max_claims=2
-    )
+    claim = store.claim("w", lease_seconds=30, global_limit=2, pool_limit=lambda _: 2, max_attempts=3, max_claims=2)
     ok, bad = claim.requests
     store.record([RetryLater(ok, 1, AttemptFailure(429, "rate_limit", "slow down", 12), delay_s=0.0)])
     assert store.begin_attempt(ok) == 2
@@ -60,9 +58,7 @@ def test_requests_show_export_and_status(db_url: str, tmp_path: Path) -> None:
     listed = [json.loads(line) for line in cli(db_url, "requests", "--json").splitlines()]
     assert [r["status"] for r in listed] == ["completed", "error", "queued"]
     assert listed[0]["attempts"] == 2 and listed[0]["input_tokens"] == 20
-    errors = [
-        json.loads(line) for line in cli(db_url, "requests", "--status", "error", "--json").splitlines()
-    ]
+    errors = [json.loads(line) for line in cli(db_url, "requests", "--status", "error", "--json").splitlines()]
     assert [r["id"] for r in errors] == [ids["bad"]]
 
     shown = json.loads(cli(db_url, "show", str(ids["ok"]), "--json"))
@@ -101,8 +97,6 @@ def test_readme_audit_queries_run_and_answer(db_url: str) -> None:
     with store.engine.connect() as conn:
         saw_429, spend, in_flight = (conn.execute(text(q)).mappings().all() for q in queries)
     store.close()
-    assert [(r["id"], r["status"], r["rate_limited_attempts"]) for r in saw_429] == [
-        (ids["ok"], "completed", 1)
-    ]
+    assert [(r["id"], r["status"], r["rate_limited_attempts"]) for r in saw_429] == [(ids["ok"], "completed", 1)]
     assert [(r["model"], r["requests"], r["input_tokens"]) for r in spend] == [("gpt-4o-mini", 1, 20)]
     assert in_flight == []

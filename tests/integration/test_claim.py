@@ -109,9 +109,7 @@ def test_priority_runs_first(store: Store) -> None:
 
 def test_cancel_wins_over_a_late_completion(store: Store) -> None:
     add(store, 1)
-    result = store.claim(
-        "w1", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5
-    )
+    result = store.claim("w1", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5)
     (request,) = result.requests
     assert store.cancel(ids=[request.id]) == 1
     recorded = store.record([Completed(request, 1, "late answer", 10)])
@@ -127,18 +125,16 @@ def test_expired_lease_is_reclaimed_and_the_stale_worker_is_fenced_out(store: St
         "dead", lease_seconds=0.05, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5
     ).requests[0]
     time.sleep(0.1)  # let the database clock pass the lease (the thing under test is expiry)
-    new = store.claim(
-        "alive", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5
-    )
+    new = store.claim("alive", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5)
     assert new.reclaimed == 1 and [r.id for r in new.requests] == [old.id]
     assert new.requests[0].attempt == 2 and new.requests[0].token > old.token
     assert store.record([Completed(old, 1, "from the dead", 5)]).applied == [False]
     assert store.record([Completed(new.requests[0], 2, "fresh", 5)]).applied == [True]
     row = store.get_request(old.id)
     assert row is not None and row["raw_output"] == "fresh"
-    assert [a["outcome"] for a in row["attempt_rows"]] == ["succeeded", "succeeded"] or row["attempt_rows"][
-        1
-    ]["outcome"] == "succeeded"
+    assert [a["outcome"] for a in row["attempt_rows"]] == ["succeeded", "succeeded"] or row["attempt_rows"][1][
+        "outcome"
+    ] == "succeeded"
 
 
 def test_retry_that_releases_the_slot_waits_for_its_deadline(store: Store) -> None:

@@ -37,9 +37,7 @@ def test_limit_bounds_are_inclusive(monkeypatch: pytest.MonkeyPatch, value: str)
 
 
 def test_dotenv_file_is_read(tmp_path: Path) -> None:
-    (tmp_path / ".env").write_text(
-        "MAX_CONCURRENT_LLM_CALLS=7\nRETRY_MAX_ATTEMPTS=5\nBATCHING_ENABLED=true\n"
-    )
+    (tmp_path / ".env").write_text("MAX_CONCURRENT_LLM_CALLS=7\nRETRY_MAX_ATTEMPTS=5\nBATCHING_ENABLED=true\n")
     s = load_settings()
     assert (s.max_concurrent_llm_calls, s.retry_max_attempts, s.batching_enabled) == (7, 5, True)
 
