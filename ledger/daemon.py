@@ -90,7 +90,7 @@ async def run_daemon(
     try:
         async with anyio.create_task_group() as services:
             await services.start(recorder.run)
-            services.start_soon(scheduler.renew_leases, stop)
+            services.start_soon(scheduler.renew_leases)
             if handle_signals:
                 services.start_soon(watch_signals)
             async with anyio.create_task_group() as work:
@@ -102,6 +102,7 @@ async def run_daemon(
             with anyio.CancelScope(shield=True):
                 await recorder.flush()
                 released = await lane.run(store.release_worker, worker)
+                await lane.run(store.retire_worker, worker)
                 for request in released.requests:
                     events.released(
                         request.id,

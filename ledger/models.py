@@ -252,6 +252,16 @@ class LlmPool(SQLModel, table=True):
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
 
 
+class LlmWorker(SQLModel, table=True):
+    """A live daemon: its heartbeat decides its fair share of the global limit."""
+
+    __tablename__ = "llm_workers"
+
+    worker_id: str = Field(sa_column=Column(String(200), primary_key=True))
+    started_at: datetime | None = _ts(nullable=False, default_now=True)
+    heartbeat_at: datetime | None = _ts(nullable=False, default_now=True)
+
+
 class Opinion(SQLModel, table=True):
     """A judge's parsed opinion on one dimension; score NULL when evaluation failed."""
 

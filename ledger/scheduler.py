@@ -10,6 +10,7 @@ the poll interval passes (slots freed by other daemons are seen by polling).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,7 @@ class Scheduler:
         self._all_done.set()
         self._tg: TaskGroup | None = None
         self._stopping = False
+        self._last_reclaim = -float("inf")
         self.limits: dict[str, Any] = {
             "lease_seconds": settings.lease_seconds,
             "global_limit": settings.max_concurrent_llm_calls,
@@ -60,7 +62,15 @@ class Scheduler:
         """For the recorder: claim in its transaction unless we are stopping."""
         if self._stopping or self._tg is None:
             return None
-        return {"claim_for": self.worker_id, **self.limits}
+        return {"claim_for": self.worker_id, **self._limits_now()}
+
+    def _limits_now(self) -> dict[str, Any]:
+        """Claim limits, asking for a sweep of expired leases every quarter lease."""
+        now = time.monotonic()
+        reclaim = now - self._last_reclaim >= self.settings.lease_seconds / 4
+        if reclaim:
+            self._last_reclaim = now
+        return {**self.limits, "reclaim": reclaim}
 
     def slot_freed(self, claim: Claim | None = None) -> None:
         if claim is not None and self._tg is not None:
@@ -77,7 +87,7 @@ class Scheduler:
             await adapter.aclose()
 
     async def claim_once(self, tg: TaskGroup) -> int:
-        claim = await self.ctx.lane.run(self.ctx.store.claim, self.worker_id, **self.limits)
+        claim = await self.ctx.lane.run(self.ctx.store.claim, self.worker_id, **self._limits_now())
         return self._accept(claim, tg)
 
     def _accept(self, claim: Claim, tg: TaskGroup) -> int:
@@ -94,6 +104,7 @@ class Scheduler:
     async def run(self, tg: TaskGroup, *, until_idle: bool, stop: anyio.Event) -> None:
         """Claim and start work until `stop` is set (or, with until_idle, nothing is left)."""
         self._tg = tg
+        await self.ctx.lane.run(self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds)
         try:
             await self._claim_loop(tg, until_idle=until_idle, stop=stop)
         finally:
@@ -143,11 +154,11 @@ class Scheduler:
     async def wait_all_done(self) -> None:
         await self._all_done.wait()
 
-    async def renew_leases(self, stop: anyio.Event) -> None:
-        """Keep our leases alive while calls and back-offs run; a dead process stops renewing."""
-        interval = self.settings.lease_seconds / 3
-        while not stop.is_set():
-            with anyio.move_on_after(interval):
-                await stop.wait()
-            if self.state.in_flight:
-                await self.ctx.lane.run(self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds)
+    async def renew_leases(self) -> None:
+        """Heartbeat and keep our leases alive through calls, back-offs and the shutdown grace.
+
+        Runs until the daemon cancels it; a dead process simply stops renewing.
+        """
+        while True:
+            await anyio.sleep(self.settings.lease_seconds / 3)
+            await self.ctx.lane.run(self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, insert, select, update
+from sqlalchemy import and_, bindparam, func, insert, literal, select, union_all, update
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import (
@@ -27,6 +27,7 @@ from ledger.models import (
     LlmAttempt,
     LlmPool,
     LlmRequest,
+    LlmWorker,
     RequestStatus,
 )
 from ledger.store.dialect import Dialect, db_now, db_now_plus
@@ -45,6 +46,7 @@ requests = LlmRequest.__table__  # type: ignore[attr-defined]
 attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
 jobs = Job.__table__  # type: ignore[attr-defined]
 pools = LlmPool.__table__  # type: ignore[attr-defined]
+workers = LlmWorker.__table__  # type: ignore[attr-defined]
 
 RUNNING = RequestStatus.RUNNING.value
 QUEUED = RequestStatus.QUEUED.value
@@ -96,6 +98,20 @@ def _to_claimed(row: Any) -> ClaimedRequest:
         response_format=row.response_format,
         trace=row.trace or {},
     )
+
+
+# Pseudo pool keys for the claim's bookkeeping row; real keys always contain ':'.
+_LIVE_WORKERS, _MINE = "@workers", "@mine"
+# One round trip for everything a claim must know before it picks rows: slots in use per
+# pool, pools cooling down after a 429 (count -1), live daemons, and this daemon's own slots.
+_CLAIM_STATE = union_all(
+    select(requests.c.endpoint, func.count()).where(requests.c.status == RUNNING).group_by(requests.c.endpoint),
+    select(pools.c.endpoint, literal(-1)).where(pools.c.cooldown_until > db_now()),
+    select(literal(_LIVE_WORKERS), func.count()).where(workers.c.heartbeat_at > db_now_plus(bindparam("b_since"))),
+    select(literal(_MINE), func.count()).where(
+        requests.c.status == RUNNING, requests.c.lease_owner == bindparam("b_worker")
+    ),
+)
 
 
 def _kind(outcome: Outcome) -> str:
@@ -285,18 +301,27 @@ class QueueQueries:
         pool_limit: Callable[[str], int],
         max_attempts: int,
         max_claims: int,
+        reclaim: bool = True,
     ) -> Claim:
         c = requests.c
         self.dialect.serialize_claimers(conn)
-        reclaimed = self._reclaim_expired(conn, max_attempts)
-        in_flight: dict[str, int] = dict(
-            conn.execute(select(c.endpoint, func.count()).where(c.status == RUNNING).group_by(c.endpoint)).all()
-        )
+        reclaimed = self._reclaim_expired(conn, max_attempts) if reclaim else 0
+        in_flight: dict[str, int] = {}
+        cooling: set[str] = set()
+        state = {_LIVE_WORKERS: 0, _MINE: 0}
+        for endpoint, n in conn.execute(_CLAIM_STATE, {"b_since": -lease_seconds, "b_worker": worker}):
+            if endpoint in state:
+                state[endpoint] = n
+            elif n < 0:
+                cooling.add(endpoint)
+            else:
+                in_flight[endpoint] = n
         total = sum(in_flight.values())
-        free_total = min(global_limit - total, max_claims)
+        # Several daemons share the global limit fairly: each holds at most its share.
+        share = -(-global_limit // max(state[_LIVE_WORKERS], 1))
+        free_total = min(global_limit - total, max_claims, share - state[_MINE])
         if free_total <= 0:
             return Claim([], total, reclaimed)
-        cooling = set(conn.execute(select(pools.c.endpoint).where(pools.c.cooldown_until > db_now())).scalars())
         full = {ep for ep, n in in_flight.items() if n >= pool_limit(ep)} | cooling
         query = (
             select(c.id, c.endpoint)
@@ -413,8 +438,11 @@ class QueueQueries:
                 )
             }
             applied = [now.get(o.request.id) == (o.request.token, _EXPECTED_STATUS[_kind(o)]) for o in outcomes]
-            active = self._active(conn)
-            claim = self._claim_in(conn, claim_for, **limits) if claim_for else None
+            if claim_for:
+                claim = self._claim_in(conn, claim_for, **limits)
+                active = claim.active_slots - len(claim.requests)
+            else:
+                claim, active = None, self._active(conn)
             ts = time.time()
         return Recorded(applied, active, ts, claim)
 
@@ -463,8 +491,15 @@ class QueueQueries:
 
     # -- leases ----------------------------------------------------------------
 
-    def renew_leases(self, worker: str, lease_seconds: float) -> int:
+    def retire_worker(self, worker: str) -> None:
+        """A daemon that stops cleanly leaves the registry, so the others' shares grow at once."""
         with self.engine.begin() as conn:
+            conn.execute(workers.delete().where(workers.c.worker_id == worker))
+
+    def renew_leases(self, worker: str, lease_seconds: float) -> int:
+        """Heartbeat (for fair shares) and extend every lease this worker holds."""
+        with self.engine.begin() as conn:
+            conn.execute(self.dialect.upsert(workers, ["worker_id"], {"worker_id": worker}, {"heartbeat_at": db_now()}))
             result = conn.execute(
                 update(requests)
                 .where(requests.c.lease_owner == worker, requests.c.status == RUNNING)

@@ -59,16 +59,12 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.Column("completed_at", sa.DateTime(timezone=True), nullable=True),
-        sa.CheckConstraint(
-            "status IN ('pending', 'running', 'completed', 'failed', 'canceled')", name="status_valid"
-        ),
+        sa.CheckConstraint("status IN ('pending', 'running', 'completed', 'failed', 'canceled')", name="status_valid"),
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_table(
         "llm_batches",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("provider", sa.String(length=50), nullable=False),
         sa.Column("model", sa.String(length=200), nullable=False),
         sa.Column("params_key", sa.String(length=64), nullable=True),
@@ -101,6 +97,17 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_table(
+        "llm_workers",
+        sa.Column("worker_id", sa.String(length=200), nullable=False),
+        sa.Column(
+            "started_at", sa.DateTime(timezone=True), server_default=sa.text("CURRENT_TIMESTAMP"), nullable=False
+        ),
+        sa.Column(
+            "heartbeat_at", sa.DateTime(timezone=True), server_default=sa.text("CURRENT_TIMESTAMP"), nullable=False
+        ),
+        sa.PrimaryKeyConstraint("worker_id"),
+    )
+    op.create_table(
         "llm_pools",
         sa.Column("endpoint", sa.String(length=300), nullable=False),
         sa.Column("cooldown_until", sa.DateTime(timezone=True), nullable=True),
@@ -114,9 +121,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "llm_requests",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("idempotency_key", sa.String(length=200), nullable=False),
         sa.Column("job_id", sa.String(length=200), nullable=True),
         sa.Column("fair_seq", sa.BigInteger(), server_default="0", nullable=False),
@@ -216,9 +221,7 @@ def upgrade() -> None:
 
     op.create_table(
         "llm_attempts",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("request_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("worker", sa.String(length=200), nullable=True),
@@ -248,9 +251,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "opinions",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("job_id", sa.String(length=200), nullable=True),
         sa.Column("agent", sa.String(length=200), nullable=False),
         sa.Column("dimension", sa.String(length=200), nullable=False),
@@ -301,5 +302,6 @@ def downgrade() -> None:
 
     op.drop_table("llm_requests")
     op.drop_table("llm_pools")
+    op.drop_table("llm_workers")
     op.drop_table("llm_batches")
     op.drop_table("jobs")

@@ -1,0 +1,425 @@
+"""A mock LLM provider over real HTTP: OpenAI and Anthropic wire formats, no keys.
+
+The real `openai` and `anthropic` SDKs talk to it unchanged, so tests, the demo
+and the benchmarks exercise the whole path. It simulates latency, a concurrency
+cap and a requests-per-minute limit (both answered with 429 + retry-after),
+random faults, and deterministic per-prompt faults via `[[mock:...]]`
+directives (see `mock_answers`). `GET /_stats` tells what the provider saw.
+
+Built on h11 + anyio rather than `http.server`: each response goes out in one
+write with TCP_NODELAY (no Nagle/delayed-ACK stalls of ~40 ms), the listen
+backlog is large, and a client that gives up (timeout, killed process) is noticed
+at once, so `in_flight` is what the provider would really be serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import h11
+import httpx
+from anyio.abc import SocketAttribute, SocketStream, TaskStatus
+
+from adapters import mock_batches
+from adapters.mock_answers import chat_answer, directives, prompt_key, prompt_text
+
+FAULT_KINDS = ("429", "408", "500", "502", "503", "529", "hang", "malformed")
+
+
+@dataclass
+class MockProviderConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    latency: float = 0.0
+    jitter: float = 0.0
+    max_concurrency: int | None = None
+    concurrency_retry_after: float = 1.0
+    rpm: int | None = None
+    fault_rates: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+    hang_seconds: float = 60.0
+    batch_latency: float = 0.5
+    backlog: int = 1024
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = "application/json"
+
+
+def json_reply(status: int, obj: Any, headers: list[tuple[str, str]] | None = None) -> Reply:
+    return Reply(status, json.dumps(obj).encode(), headers or [])
+
+
+class ClientGone(Exception):
+    """The client closed the connection while we were 'thinking'."""
+
+
+class MockProviderServer:
+    def __init__(self, config: MockProviderConfig | None = None) -> None:
+        self.config = config or MockProviderConfig()
+        self._rng = random.Random(self.config.seed)
+        self.batches = mock_batches.BatchStore(self)
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.status_counts: Counter[str] = Counter()
+        self.per_prompt: Counter[str] = Counter()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._recent: deque[float] = deque()
+
+    def stats(self) -> dict[str, Any]:
+        return {"calls": self.calls, "status_counts": dict(self.status_counts), "in_flight": self.in_flight,
+                "max_in_flight": self.max_in_flight, "per_prompt": dict(self.per_prompt)}
+
+    # -- serving ---------------------------------------------------------------
+
+    async def serve(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        listener = await anyio.create_tcp_listener(
+            local_host=self.config.host, local_port=self.config.port, backlog=self.config.backlog
+        )
+        port = listener.extra(SocketAttribute.local_port)
+        self.port = port
+        task_status.started(port)
+        async with listener:
+            await listener.serve(self._connection)
+
+    async def _connection(self, stream: SocketStream) -> None:
+        raw = stream.extra(SocketAttribute.raw_socket)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = h11.Connection(h11.SERVER)
+        async with stream:
+            try:
+                while True:
+                    request, body = await self._read_request(conn, stream)
+                    if request is None:
+                        return
+                    try:
+                        reply = await self._dispatch(request, body, stream, conn)
+                    except ClientGone:
+                        return
+                    if not await self._write(conn, stream, reply):
+                        return
+                    if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+                        return
+                    conn.start_next_cycle()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, h11.RemoteProtocolError,
+                    ConnectionError):
+                return
+
+    async def _read_request(self, conn: h11.Connection, stream: SocketStream) -> tuple[h11.Request | None, bytes]:
+        request: h11.Request | None = None
+        chunks: list[bytes] = []
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                try:
+                    data = await stream.receive(65536)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                    data = b""
+                conn.receive_data(data)
+                if not data and request is None:
+                    return None, b""
+                continue
+            if isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.Data):
+                chunks.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return request, b"".join(chunks)
+            elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+                return None, b""
+
+    async def _write(self, conn: h11.Connection, stream: SocketStream, reply: Reply) -> bool:
+        headers = [("content-type", reply.content_type), ("content-length", str(len(reply.body))),
+                   *reply.headers]
+        payload = conn.send(h11.Response(status_code=reply.status, headers=headers, reason=b""))
+        payload = (payload or b"") + (conn.send(h11.Data(data=reply.body)) or b"")
+        payload += conn.send(h11.EndOfMessage()) or b""
+        try:
+            await stream.send(payload)  # one write: headers and body together
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError):
+            return False
+        return True
+
+    async def _think(self, seconds: float, stream: SocketStream, conn: h11.Connection) -> None:
+        """Sleep like a model, but stop at once if the client hangs up."""
+        if seconds <= 0:
+            return
+        gone = False
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                nonlocal gone
+                try:
+                    data = await stream.receive(65536)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                    data = b""
+                if data:
+                    conn.receive_data(data)  # pipelined bytes: keep them for the next cycle
+                    return
+                gone = True
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            await anyio.sleep(seconds)
+            tg.cancel_scope.cancel()
+        if gone:
+            raise ClientGone
+
+    # -- routing ---------------------------------------------------------------
+
+    async def _dispatch(self, request: h11.Request, body: bytes, stream: SocketStream,
+                        conn: h11.Connection) -> Reply:
+        method = request.method.decode()
+        path = request.target.decode().split("?", 1)[0]
+        host = dict(request.headers).get(b"host", b"").decode() or f"{self.config.host}:{self.port}"
+        if method == "GET" and path == "/_stats":
+            return json_reply(200, self.stats())
+        if method == "POST" and path == "/_reset":
+            self.reset()
+            return json_reply(200, {"ok": True})
+        if method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
+            return await self._model_call("openai", body, stream, conn)
+        if method == "POST" and path == "/v1/messages":
+            return await self._model_call("anthropic", body, stream, conn)
+        reply = self.batches.route(method, path, body, dict(request.headers), host)
+        if reply is not None:
+            return reply
+        return json_reply(404, {"error": {"type": "not_found_error", "message": f"no route {method} {path}"}})
+
+    async def _model_call(self, wire: str, body: bytes, stream: SocketStream, conn: h11.Connection) -> Reply:
+        try:
+            payload = json.loads(body)
+            messages = payload["messages"]
+        except (ValueError, KeyError, TypeError):
+            return self._count(error_reply(wire, 400, "invalid_request_error", "body must be JSON with messages"))
+        system = payload.get("system")
+        key = prompt_key(system, messages)
+        self.calls += 1
+        self.per_prompt[key] += 1
+        if self.config.max_concurrency is not None and self.in_flight >= self.config.max_concurrency:
+            return self._count(rate_limited(wire, self.config.concurrency_retry_after, "too many requests in flight"))
+        limited = self._over_rpm()
+        if limited is not None:
+            return self._count(rate_limited(wire, limited, "requests per minute exceeded"))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            reply = await self._answer(wire, payload, system, messages, key, stream, conn)
+        finally:
+            self.in_flight -= 1
+        return self._count(reply)
+
+    def _count(self, reply: Reply) -> Reply:
+        self.status_counts[str(reply.status)] += 1
+        return reply
+
+    def _over_rpm(self) -> float | None:
+        if self.config.rpm is None:
+            return None
+        now = time.monotonic()
+        while self._recent and now - self._recent[0] >= 60:
+            self._recent.popleft()
+        if len(self._recent) >= self.config.rpm:
+            return max(0.05, 60 - (now - self._recent[0]))
+        self._recent.append(now)
+        return None
+
+    async def _answer(self, wire: str, payload: dict[str, Any], system: Any, messages: list[dict[str, Any]],
+                      key: str, stream: SocketStream, conn: h11.Connection) -> Reply:
+        found = directives(prompt_text(system, messages))
+        nth = self.per_prompt[key]
+        latency = float(found["latency"]) if "latency" in found else self.config.latency
+        if self.config.jitter:
+            latency += self._rng.uniform(0, self.config.jitter)
+        fault = self._fault(found, nth)
+        if fault == "hang":
+            await self._think(self.config.hang_seconds, stream, conn)
+        await self._think(latency, stream, conn)
+        if fault == "malformed":
+            return Reply(200, b'{"id": "cmpl-broken", "choices": [')
+        if fault == "error200":
+            return json_reply(200, {"error": {"message": "upstream provider error", "code": 502}})
+        if fault == "quota":
+            return json_reply(429, {"error": {"type": "insufficient_quota", "code": "insufficient_quota",
+                                              "message": "You exceeded your current quota."}})
+        if fault is not None and fault.isdigit():
+            status = int(fault)
+            if status == 429:
+                return rate_limited(wire, float(found.get("retry_after", 1)), "rate limited (injected)")
+            return error_reply(wire, status, _error_type(status), f"injected {status}")
+        answer = chat_answer(payload.get("model", "mock"), system, messages, payload.get("response_format"))
+        if wire == "openai":
+            return json_reply(200, openai_completion(payload.get("model", "mock"), answer.text,
+                                                     answer.input_tokens, answer.output_tokens))
+        return json_reply(200, anthropic_message(payload.get("model", "mock"), answer.text, answer.input_tokens,
+                                                 answer.output_tokens))
+
+    def _fault(self, found: dict[str, str], nth: int) -> str | None:
+        """Which fault this call gets: directives first (deterministic), then the dice."""
+        if "quota" in found:
+            return "quota"
+        if "fail" in found:
+            status, _, times = found["fail"].partition("x")
+            if times == "*" or nth <= int(times or 1):
+                return status
+        for kind in ("hang", "malformed", "error200"):
+            if kind in found and nth <= int(found[kind] or 1):
+                return kind
+        for kind, rate in self.config.fault_rates.items():
+            if self._rng.random() < rate:
+                return kind
+        return None
+
+
+def _error_type(status: int) -> str:
+    return {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+            404: "not_found_error", 408: "timeout_error", 429: "rate_limit_error",
+            529: "overloaded_error"}.get(status, "api_error")
+
+
+def error_reply(wire: str, status: int, kind: str, message: str, headers: list[tuple[str, str]] | None = None) -> Reply:
+    if wire == "anthropic":
+        return json_reply(status, {"type": "error", "error": {"type": kind, "message": message}}, headers)
+    return json_reply(status, {"error": {"type": kind, "code": kind, "message": message}}, headers)
+
+
+def rate_limited(wire: str, retry_after: float, message: str) -> Reply:
+    headers = [("retry-after", f"{retry_after:g}"), ("retry-after-ms", str(int(retry_after * 1000)))]
+    return error_reply(wire, 429, "rate_limit_error", message, headers)
+
+
+def openai_completion(model: str, text: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
+                     "logprobs": None}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+
+
+def anthropic_message(model: str, text: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    return {
+        "id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": model,
+        "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    }
+
+
+# -- running it -------------------------------------------------------------------
+
+
+@dataclass
+class RunningMockProvider:
+    port: int
+    server: MockProviderServer
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        return self.base_url + "/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return self.base_url
+
+    def stats(self) -> dict[str, Any]:
+        return dict(httpx.get(self.base_url + "/_stats", timeout=10).json())
+
+    def reset(self) -> None:
+        httpx.post(self.base_url + "/_reset", timeout=10)
+
+
+@contextmanager
+def running_mock_provider(config: MockProviderConfig | None = None, **overrides: Any) -> Iterator[RunningMockProvider]:
+    """Run the server in a background thread with its own event loop; stop it on exit."""
+    server = MockProviderServer(config or MockProviderConfig(**overrides))
+    with anyio.from_thread.start_blocking_portal() as portal:
+        serving, port = portal.start_task(server.serve)
+        try:
+            yield RunningMockProvider(port, server)
+        finally:
+            serving.cancel()
+
+
+def parse_fault_rates(items: list[str]) -> dict[str, float]:
+    rates: dict[str, float] = {}
+    for item in items:
+        kind, sep, value = item.partition("=")
+        if not sep or kind not in FAULT_KINDS:
+            raise ValueError(f"--fault-rate {item!r}: expected KIND=RATE with KIND one of {', '.join(FAULT_KINDS)}")
+        try:
+            rate = float(value)
+        except ValueError:
+            raise ValueError(f"--fault-rate {item!r}: {value!r} is not a number") from None
+        if not 0 <= rate <= 1:
+            raise ValueError(f"--fault-rate {item!r}: rate must be between 0 and 1")
+        rates[kind] = rate
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ledger mock-provider", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8089)
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--rpm", type=int, default=None)
+    parser.add_argument("--fault-rate", action="append", default=[])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-latency", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    try:
+        faults = parse_fault_rates(args.fault_rate)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    config = MockProviderConfig(host=args.host, port=args.port, latency=args.latency, jitter=args.jitter,
+                                max_concurrency=args.max_concurrency, rpm=args.rpm, fault_rates=faults,
+                                seed=args.seed, batch_latency=args.batch_latency)
+    server = MockProviderServer(config)
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(server.serve)
+            print(f"mock provider listening on http://{config.host}:{port}", flush=True)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    return
+
+    try:
+        anyio.run(run)
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
