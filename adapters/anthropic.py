@@ -21,9 +21,7 @@ _KEEP = {"temperature", "top_p", "top_k", "stop_sequences", "metadata", "thinkin
 def anthropic_params(request: CallRequest) -> dict[str, Any]:
     params = request.params
     out: dict[str, Any] = {k: v for k, v in params.items() if k in _KEEP}
-    out["max_tokens"] = int(
-        params.get("max_tokens") or params.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
-    )
+    out["max_tokens"] = int(params.get("max_tokens") or params.get("max_completion_tokens") or DEFAULT_MAX_TOKENS)
     if "stop" in params and "stop_sequences" not in out:
         stop = params["stop"]
         out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
@@ -42,9 +40,7 @@ class AnthropicAdapter:
     name = "anthropic"
 
     def __init__(self, *, api_key: str | None, base_url: str | None) -> None:
-        self._client = anthropic.AsyncAnthropic(
-            api_key=api_key or "not-needed", base_url=base_url, max_retries=0
-        )
+        self._client = anthropic.AsyncAnthropic(api_key=api_key or "not-needed", base_url=base_url, max_retries=0)
 
     @property
     def supports_structured_output(self) -> bool:

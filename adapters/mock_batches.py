@@ -36,8 +36,15 @@ class StoredFile:
     created_at: int = field(default_factory=lambda: int(time.time()))
 
     def describe(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "file", "bytes": len(self.content), "created_at": self.created_at,
-                "filename": self.filename, "purpose": self.purpose, "status": "processed"}
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": len(self.content),
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+        }
 
 
 @dataclass
@@ -103,8 +110,12 @@ class BatchStore:
             if part.get_filename():
                 filename = part.get_filename()
             fields[str(name)] = part.get_payload(decode=True)
-        stored = StoredFile(f"file-{uuid.uuid4().hex[:24]}", filename,
-                            (fields.get("purpose") or b"batch").decode(), fields.get("file") or b"")
+        stored = StoredFile(
+            f"file-{uuid.uuid4().hex[:24]}",
+            filename,
+            (fields.get("purpose") or b"batch").decode(),
+            fields.get("file") or b"",
+        )
         self.files[stored.id] = stored
         return stored
 
@@ -117,8 +128,9 @@ class BatchStore:
     def _openai_create(self, payload: dict[str, Any]) -> dict[str, Any]:
         source = self.files[payload["input_file_id"]]
         lines = [json.loads(line) for line in source.content.decode().splitlines() if line.strip()]
-        batch = self._new("openai", lines, endpoint=payload.get("endpoint", "/v1/chat/completions"),
-                          input_file_id=source.id)
+        batch = self._new(
+            "openai", lines, endpoint=payload.get("endpoint", "/v1/chat/completions"), input_file_id=source.id
+        )
         return self._openai_view(batch)
 
     def _done(self, batch: Batch) -> bool:
@@ -136,8 +148,12 @@ class BatchStore:
             batch.error_file_id = self._file(batch, "errors", bad) if bad else None
 
     def _file(self, batch: Batch, name: str, rows: list[dict[str, Any]]) -> str:
-        stored = StoredFile(f"file-{uuid.uuid4().hex[:24]}", f"{batch.id}_{name}.jsonl", "batch_output",
-                            "".join(json.dumps(r) + "\n" for r in rows).encode())
+        stored = StoredFile(
+            f"file-{uuid.uuid4().hex[:24]}",
+            f"{batch.id}_{name}.jsonl",
+            "batch_output",
+            "".join(json.dumps(r) + "\n" for r in rows).encode(),
+        )
         self.files[stored.id] = stored
         return stored.id
 
@@ -149,28 +165,42 @@ class BatchStore:
         status = int(found["fail"].partition("x")[0]) if "fail" in found else 200
         if batch.kind == "anthropic":
             if status != 200:
-                result: dict[str, Any] = {"type": "errored", "error": {"type": "error", "error": {
-                    "type": "invalid_request_error", "message": f"injected {status}"}}}
+                result: dict[str, Any] = {
+                    "type": "errored",
+                    "error": {
+                        "type": "error",
+                        "error": {"type": "invalid_request_error", "message": f"injected {status}"},
+                    },
+                }
             elif batch.canceled_at is not None:
                 result = {"type": "canceled"}
             else:
                 answer = chat_answer(params.get("model", "mock"), system, messages, None)
                 from adapters.mock_server import anthropic_message
 
-                result = {"type": "succeeded", "message": anthropic_message(
-                    params.get("model", "mock"), answer.text, answer.input_tokens, answer.output_tokens)}
+                result = {
+                    "type": "succeeded",
+                    "message": anthropic_message(
+                        params.get("model", "mock"), answer.text, answer.input_tokens, answer.output_tokens
+                    ),
+                }
             return {"custom_id": request.get("custom_id"), "result": result}
         from adapters.mock_server import openai_completion
 
         body: dict[str, Any]
         if status == 200:
             answer = chat_answer(params.get("model", "mock"), system, messages, params.get("response_format"))
-            body = openai_completion(params.get("model", "mock"), answer.text, answer.input_tokens,
-                                     answer.output_tokens)
+            body = openai_completion(
+                params.get("model", "mock"), answer.text, answer.input_tokens, answer.output_tokens
+            )
         else:
             body = {"error": {"message": f"injected {status}", "type": "invalid_request_error"}}
-        return {"id": f"batch_req_{uuid.uuid4().hex[:20]}", "custom_id": request.get("custom_id"),
-                "response": {"status_code": status, "request_id": uuid.uuid4().hex, "body": body}, "error": None}
+        return {
+            "id": f"batch_req_{uuid.uuid4().hex[:20]}",
+            "custom_id": request.get("custom_id"),
+            "response": {"status_code": status, "request_id": uuid.uuid4().hex, "body": body},
+            "error": None,
+        }
 
     def _openai_view(self, batch: Batch) -> dict[str, Any]:
         total = len(batch.requests)
@@ -181,17 +211,29 @@ class BatchStore:
         status = "cancelled" if batch.canceled_at is not None else "completed" if done else "in_progress"
         created = int(batch.created)
         return {
-            "id": batch.id, "object": "batch", "endpoint": batch.endpoint, "errors": None,
-            "input_file_id": batch.input_file_id, "completion_window": "24h", "status": status,
+            "id": batch.id,
+            "object": "batch",
+            "endpoint": batch.endpoint,
+            "errors": None,
+            "input_file_id": batch.input_file_id,
+            "completion_window": "24h",
+            "status": status,
             "output_file_id": batch.output_file_id if done else None,
             "error_file_id": batch.error_file_id if done else None,
-            "created_at": created, "in_progress_at": created, "expires_at": created + 86400,
+            "created_at": created,
+            "in_progress_at": created,
+            "expires_at": created + 86400,
             "finalizing_at": int(time.time()) if done else None,
             "completed_at": int(time.time()) if status == "completed" else None,
-            "failed_at": None, "expired_at": None, "cancelling_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
             "cancelled_at": int(batch.canceled_at) if batch.canceled_at else None,
-            "request_counts": {"total": total, "completed": total - failed if done else 0,
-                               "failed": failed if done else 0},
+            "request_counts": {
+                "total": total,
+                "completed": total - failed if done else 0,
+                "failed": failed if done else 0,
+            },
             "metadata": None,
         }
 
@@ -200,14 +242,18 @@ class BatchStore:
         if done:
             self._finish(batch)
         results = batch.results or []
-        count = {kind: sum(1 for r in results if r["result"]["type"] == kind)
-                 for kind in ("succeeded", "errored", "canceled", "expired")}
+        count = {
+            kind: sum(1 for r in results if r["result"]["type"] == kind)
+            for kind in ("succeeded", "errored", "canceled", "expired")
+        }
         return {
-            "id": batch.id, "type": "message_batch",
+            "id": batch.id,
+            "type": "message_batch",
             "processing_status": "ended" if done else "in_progress",
             "request_counts": {"processing": 0 if done else len(batch.requests), **count},
             "ended_at": _rfc3339(time.time()) if done else None,
-            "created_at": _rfc3339(batch.created), "expires_at": _rfc3339(batch.created + 86400),
+            "created_at": _rfc3339(batch.created),
+            "expires_at": _rfc3339(batch.created + 86400),
             "archived_at": None,
             "cancel_initiated_at": _rfc3339(batch.canceled_at),
             "results_url": f"http://{host}/v1/messages/batches/{batch.id}/results" if done else None,

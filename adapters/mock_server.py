@@ -87,8 +87,13 @@ class MockProviderServer:
         self._recent: deque[float] = deque()
 
     def stats(self) -> dict[str, Any]:
-        return {"calls": self.calls, "status_counts": dict(self.status_counts), "in_flight": self.in_flight,
-                "max_in_flight": self.max_in_flight, "per_prompt": dict(self.per_prompt)}
+        return {
+            "calls": self.calls,
+            "status_counts": dict(self.status_counts),
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "per_prompt": dict(self.per_prompt),
+        }
 
     # -- serving ---------------------------------------------------------------
 
@@ -121,8 +126,13 @@ class MockProviderServer:
                     if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                         return
                     conn.start_next_cycle()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, h11.RemoteProtocolError,
-                    ConnectionError):
+            except (
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+                anyio.EndOfStream,
+                h11.RemoteProtocolError,
+                ConnectionError,
+            ):
                 return
 
     async def _read_request(self, conn: h11.Connection, stream: SocketStream) -> tuple[h11.Request | None, bytes]:
@@ -149,8 +159,7 @@ class MockProviderServer:
                 return None, b""
 
     async def _write(self, conn: h11.Connection, stream: SocketStream, reply: Reply) -> bool:
-        headers = [("content-type", reply.content_type), ("content-length", str(len(reply.body))),
-                   *reply.headers]
+        headers = [("content-type", reply.content_type), ("content-length", str(len(reply.body))), *reply.headers]
         payload = conn.send(h11.Response(status_code=reply.status, headers=headers, reason=b""))
         payload = (payload or b"") + (conn.send(h11.Data(data=reply.body)) or b"")
         payload += conn.send(h11.EndOfMessage()) or b""
@@ -187,8 +196,7 @@ class MockProviderServer:
 
     # -- routing ---------------------------------------------------------------
 
-    async def _dispatch(self, request: h11.Request, body: bytes, stream: SocketStream,
-                        conn: h11.Connection) -> Reply:
+    async def _dispatch(self, request: h11.Request, body: bytes, stream: SocketStream, conn: h11.Connection) -> Reply:
         method = request.method.decode()
         path = request.target.decode().split("?", 1)[0]
         host = dict(request.headers).get(b"host", b"").decode() or f"{self.config.host}:{self.port}"
@@ -244,8 +252,16 @@ class MockProviderServer:
         self._recent.append(now)
         return None
 
-    async def _answer(self, wire: str, payload: dict[str, Any], system: Any, messages: list[dict[str, Any]],
-                      key: str, stream: SocketStream, conn: h11.Connection) -> Reply:
+    async def _answer(
+        self,
+        wire: str,
+        payload: dict[str, Any],
+        system: Any,
+        messages: list[dict[str, Any]],
+        key: str,
+        stream: SocketStream,
+        conn: h11.Connection,
+    ) -> Reply:
         found = directives(prompt_text(system, messages))
         nth = self.per_prompt[key]
         latency = float(found["latency"]) if "latency" in found else self.config.latency
@@ -260,8 +276,16 @@ class MockProviderServer:
         if fault == "error200":
             return json_reply(200, {"error": {"message": "upstream provider error", "code": 502}})
         if fault == "quota":
-            return json_reply(429, {"error": {"type": "insufficient_quota", "code": "insufficient_quota",
-                                              "message": "You exceeded your current quota."}})
+            return json_reply(
+                429,
+                {
+                    "error": {
+                        "type": "insufficient_quota",
+                        "code": "insufficient_quota",
+                        "message": "You exceeded your current quota.",
+                    }
+                },
+            )
         if fault is not None and fault.isdigit():
             status = int(fault)
             if status == 429:
@@ -269,10 +293,13 @@ class MockProviderServer:
             return error_reply(wire, status, _error_type(status), f"injected {status}")
         answer = chat_answer(payload.get("model", "mock"), system, messages, payload.get("response_format"))
         if wire == "openai":
-            return json_reply(200, openai_completion(payload.get("model", "mock"), answer.text,
-                                                     answer.input_tokens, answer.output_tokens))
-        return json_reply(200, anthropic_message(payload.get("model", "mock"), answer.text, answer.input_tokens,
-                                                 answer.output_tokens))
+            return json_reply(
+                200,
+                openai_completion(payload.get("model", "mock"), answer.text, answer.input_tokens, answer.output_tokens),
+            )
+        return json_reply(
+            200, anthropic_message(payload.get("model", "mock"), answer.text, answer.input_tokens, answer.output_tokens)
+        )
 
     def _fault(self, found: dict[str, str], nth: int) -> str | None:
         """Which fault this call gets: directives first (deterministic), then the dice."""
@@ -292,9 +319,15 @@ class MockProviderServer:
 
 
 def _error_type(status: int) -> str:
-    return {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-            404: "not_found_error", 408: "timeout_error", 429: "rate_limit_error",
-            529: "overloaded_error"}.get(status, "api_error")
+    return {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        408: "timeout_error",
+        429: "rate_limit_error",
+        529: "overloaded_error",
+    }.get(status, "api_error")
 
 
 def error_reply(wire: str, status: int, kind: str, message: str, headers: list[tuple[str, str]] | None = None) -> Reply:
@@ -310,19 +343,30 @@ def rate_limited(wire: str, retry_after: float, message: str) -> Reply:
 
 def openai_completion(model: str, text: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
-                     "logprobs": None}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop", "logprobs": None}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
     }
 
 
 def anthropic_message(model: str, text: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
     return {
-        "id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": model,
-        "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
         "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
     }
 
@@ -399,9 +443,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    config = MockProviderConfig(host=args.host, port=args.port, latency=args.latency, jitter=args.jitter,
-                                max_concurrency=args.max_concurrency, rpm=args.rpm, fault_rates=faults,
-                                seed=args.seed, batch_latency=args.batch_latency)
+    config = MockProviderConfig(
+        host=args.host,
+        port=args.port,
+        latency=args.latency,
+        jitter=args.jitter,
+        max_concurrency=args.max_concurrency,
+        rpm=args.rpm,
+        fault_rates=faults,
+        seed=args.seed,
+        batch_latency=args.batch_latency,
+    )
     server = MockProviderServer(config)
 
     async def run() -> None:

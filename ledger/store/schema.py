@@ -35,6 +35,10 @@ def normalize_url(url: str) -> str:
         parsed = make_url(url)
     except ArgumentError:
         raise DatabaseError(f"LEDGER_DATABASE_URL: {url!r} is not a database URL") from None
+    if parsed.get_backend_name() not in ("sqlite", "postgresql", "postgres"):
+        raise DatabaseError(
+            f"LEDGER_DATABASE_URL: unsupported database {parsed.get_backend_name()!r} (use sqlite or postgresql)"
+        )
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
@@ -79,7 +83,9 @@ def upgrade(engine: Engine) -> bool:
             if _current_revision(conn) == head_revision():
                 return False
     except OperationalError as exc:
-        raise DatabaseError(f"cannot open database {engine.url!r}: {exc.orig}") from None
+        where = engine.url.render_as_string(hide_password=True)
+        reason = " ".join(str(exc.orig).split())
+        raise DatabaseError(f"cannot open database {where}: {reason}") from None
     cfg = alembic_config()
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":

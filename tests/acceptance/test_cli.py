@@ -1,0 +1,65 @@
+"""The command line as a new user meets it: the demo, help, and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LEDGER = [sys.executable, "-m", "ledger.cli"]
+COMMANDS = ["migrate", "enqueue", "requests", "show", "export", "status", "cancel", "daemon", "mock-provider", "demo"]
+
+
+def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*LEDGER, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+
+
+def test_demo_runs_the_seed_case_within_the_limit(tmp_path: Path) -> None:
+    result = run("demo", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    row = re.search(r"│\s*(\d+)\s*│\s*(\d+)\s*│\s*(\d+)\s*│\s*(\d+)\s*│\s*5\s*│", result.stdout)
+    assert row, result.stdout
+    completed, errors, _retries, max_in_flight = map(int, row.groups())
+    assert (completed, errors, max_in_flight) == (30, 0, 5)
+    assert (tmp_path / "ledger-demo" / "ledger.db").exists()
+
+
+def test_help_reads_well_for_every_command() -> None:
+    top = run("--help")
+    assert top.returncode == 0
+    for command in COMMANDS:
+        assert command in top.stdout
+        sub = run(command, "--help")
+        assert sub.returncode == 0 and "Usage:" in sub.stdout, command
+        lines = [line.strip() for line in sub.stdout.splitlines() if line.strip()]
+        description = lines[lines.index(next(x for x in lines if x.startswith("Usage:"))) + 1]
+        assert len(description) > 20, (command, description)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MAX_CONCURRENT_LLM_CALLS": "0"}, "MAX_CONCURRENT_LLM_CALLS must be >= 1, got 0"),
+        ({"MAX_CONCURRENT_LLM_CALLS": "500"}, "MAX_CONCURRENT_LLM_CALLS must be <= 50, got 500"),
+        ({"RETRY_MAX_ATTEMPTS": "many"}, "RETRY_MAX_ATTEMPTS"),
+        ({"LEDGER_DATABASE_URL": "mysql://nope"}, "LEDGER_DATABASE_URL: unsupported database"),
+        ({"LEDGER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none"}, "cannot open database"),
+    ],
+)
+def test_bad_configuration_is_one_line_and_exit_2(tmp_path: Path, env: dict[str, str], message: str) -> None:
+    result = run("daemon", "--until-idle", env=env, cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
