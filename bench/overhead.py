@@ -4,7 +4,7 @@ Beside it, in the same run, a bare `asyncio.Semaphore` + `gather` loop over the
 same adapter: the price of durability (claims, attempt rows, outcomes, leases).
 Target: at least 1,000 requests/s on PostgreSQL.
 
-    python bench/overhead.py [--requests 5000] [--limit 50]
+    python -m bench.overhead [--requests 5000] [--limit 50]
 """
 
 from __future__ import annotations

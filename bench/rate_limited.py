@@ -3,7 +3,7 @@
 Completion time and 429 count of the ledger beside a naive unbounded `gather`
 over the OpenAI SDK (its default 2 retries on) in the same run, same server.
 
-    python bench/rate_limited.py [--requests 200] [--latency 0.1]
+    python -m bench.rate_limited [--requests 200] [--latency 0.1]
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main() -> int:
             RETRY_INITIAL_DELAY=0.2,
             RETRY_MAX_DELAY=5,
         )
-        configure_logging("WARNING")
+        configure_logging("ERROR")
         with Ledger(settings=settings) as ledger:
             ledger.enqueue_many(specs(args.requests))
             t0 = time.perf_counter()

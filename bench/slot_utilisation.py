@@ -4,7 +4,7 @@ Makespan (first claim to last outcome, read from the event log) divided by the
 ideal 300 / 5 x 0.1 s = 6 s. Target: at most 1.05. The mock provider runs in
 its own process; the daemon runs the real path (OpenAI SDK over HTTP).
 
-    python bench/slot_utilisation.py [--db sqlite|postgres] [--requests 300] [--limit 5] [--latency 0.1]
+    python -m bench.slot_utilisation [--db sqlite|postgres] [--requests 300] [--limit 5] [--latency 0.1]
 """
 
 from __future__ import annotations

@@ -237,11 +237,12 @@ def status(job: Annotated[str | None, typer.Option(help="Only this job's counts.
     usage = store.pool_usage()
     busy = sum(u["running"] for u in usage.values())
     out.print(f"slots: {busy}/{settings.max_concurrent_llm_calls} busy (global)", highlight=False)
-    table = Table("pool", "busy/limit", "queued", "cooldown until")
+    table = Table("pool", "busy/limit", "learned limit (after 429s)", "queued", "cooldown until")
     for endpoint, u in sorted(usage.items()):
         table.add_row(
             endpoint,
             f"{u['running']}/{settings.pool_limit(endpoint)}",
+            _s(u["learned_limit"]),
             str(u["queued"]),
             _s(u["cooldown_until"]),
         )

@@ -99,9 +99,17 @@ async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -
             return
         await anyio.sleep(delay)
         next_attempt = await ctx.lane.run(ctx.store.begin_attempt, request)
-        if next_attempt is None:  # canceled or taken over while we waited
+        if next_attempt.number is None:  # gave the slot back, or canceled / taken over while we waited
+            events.released(
+                request.id,
+                request.agent,
+                request.dimension,
+                next_attempt.active_slots,
+                ts=next_attempt.ts_before_commit,
+            )
+            ctx.recorder.notify_slot_freed()
             return
-        attempt = next_attempt
+        attempt = next_attempt.number
 
 
 def _ms(since: float) -> int:

@@ -243,12 +243,14 @@ class LlmAttempt(SQLModel, table=True):
 
 
 class LlmPool(SQLModel, table=True):
-    """Shared per-endpoint state: a 429 cooldown every daemon process respects."""
+    """Shared per-endpoint state every daemon respects: 429 cooldown and learned limit."""
 
     __tablename__ = "llm_pools"
 
     endpoint: str = Field(sa_column=Column(String(300), primary_key=True))
     cooldown_until: datetime | None = _ts()
+    learned_limit: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    successes: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
 
 

@@ -66,6 +66,10 @@ class Recorder:
             await done.wait()
         return result[0]
 
+    def notify_slot_freed(self) -> None:
+        """A slot was freed outside a recorded outcome (e.g. given back after a back-off)."""
+        self._on_slot_freed(None)
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:

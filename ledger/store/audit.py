@@ -90,7 +90,7 @@ class AuditQueries:
             return int(conn.execute(select(func.count()).select_from(attempts)).scalar_one())
 
     def pool_usage(self) -> dict[str, dict[str, Any]]:
-        """Per endpoint: running (busy slots), queued, and cooldown end if cooling down."""
+        """Per endpoint: running (busy slots), queued, cooldown end if cooling down, learned limit."""
         c = requests.c
         with self.engine.connect() as conn:
             usage: dict[str, dict[str, Any]] = {}
@@ -99,10 +99,17 @@ class AuditQueries:
                 .where(c.status.in_([RequestStatus.RUNNING.value, RequestStatus.QUEUED.value]))
                 .group_by(c.endpoint, c.status)
             ):
-                usage.setdefault(endpoint, {"running": 0, "queued": 0, "cooldown_until": None})
-                usage[endpoint][status] = int(n)
-            for endpoint, until in conn.execute(
-                select(pools.c.endpoint, pools.c.cooldown_until).where(pools.c.cooldown_until > db_now())
+                usage.setdefault(endpoint, _empty_pool())[status] = int(n)
+            for endpoint, until, cooling, learned in conn.execute(
+                select(
+                    pools.c.endpoint, pools.c.cooldown_until, pools.c.cooldown_until > db_now(), pools.c.learned_limit
+                )
             ):
-                usage.setdefault(endpoint, {"running": 0, "queued": 0})["cooldown_until"] = until
+                pool = usage.setdefault(endpoint, _empty_pool())
+                pool["cooldown_until"] = until if cooling else None
+                pool["learned_limit"] = learned
             return usage
+
+
+def _empty_pool() -> dict[str, Any]:
+    return {"running": 0, "queued": 0, "cooldown_until": None, "learned_limit": None}

@@ -30,6 +30,7 @@ from ledger.models import (
     LlmWorker,
     RequestStatus,
 )
+from ledger.store import pools as pool_state
 from ledger.store.dialect import Dialect, db_now, db_now_plus
 from ledger.store.rows import (
     Claim,
@@ -55,6 +56,16 @@ _CANDIDATES_PER_SLOT = 4
 # New rows reported back for per-request events; beyond this an enqueue reports counts only,
 # so memory stays flat however large the input is.
 KEEP_INSERTED_MAX = 10_000
+
+
+@dataclass(frozen=True)
+class NextAttempt:
+    """What `begin_attempt` decided: go on with attempt `number`, or the slot is free now."""
+
+    number: int | None
+    active_slots: int
+    ts_before_commit: float
+    yielded: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,13 +111,12 @@ def _to_claimed(row: Any) -> ClaimedRequest:
     )
 
 
-# Pseudo pool keys for the claim's bookkeeping row; real keys always contain ':'.
+# Pseudo pool keys for the claim's bookkeeping rows; real keys always contain ':'.
 _LIVE_WORKERS, _MINE = "@workers", "@mine"
-# One round trip for everything a claim must know before it picks rows: slots in use per
-# pool, pools cooling down after a 429 (count -1), live daemons, and this daemon's own slots.
+# One round trip for the counts a claim needs: slots in use per pool, live daemons, and
+# this daemon's own slots.
 _CLAIM_STATE = union_all(
     select(requests.c.endpoint, func.count()).where(requests.c.status == RUNNING).group_by(requests.c.endpoint),
-    select(pools.c.endpoint, literal(-1)).where(pools.c.cooldown_until > db_now()),
     select(literal(_LIVE_WORKERS), func.count()).where(workers.c.heartbeat_at > db_now_plus(bindparam("b_since"))),
     select(literal(_MINE), func.count()).where(
         requests.c.status == RUNNING, requests.c.lease_owner == bindparam("b_worker")
@@ -230,6 +240,8 @@ class QueueQueries:
 
     engine: Engine
     dialect: Dialect
+    # Pools with a learned limit as of this process's last claim: only their successes are counted.
+    learning: set[str] = set()  # noqa: RUF012 - replaced, never mutated
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -307,13 +319,10 @@ class QueueQueries:
         self.dialect.serialize_claimers(conn)
         reclaimed = self._reclaim_expired(conn, max_attempts) if reclaim else 0
         in_flight: dict[str, int] = {}
-        cooling: set[str] = set()
         state = {_LIVE_WORKERS: 0, _MINE: 0}
         for endpoint, n in conn.execute(_CLAIM_STATE, {"b_since": -lease_seconds, "b_worker": worker}):
             if endpoint in state:
                 state[endpoint] = n
-            elif n < 0:
-                cooling.add(endpoint)
             else:
                 in_flight[endpoint] = n
         total = sum(in_flight.values())
@@ -322,7 +331,13 @@ class QueueQueries:
         free_total = min(global_limit - total, max_claims, share - state[_MINE])
         if free_total <= 0:
             return Claim([], total, reclaimed)
-        full = {ep for ep, n in in_flight.items() if n >= pool_limit(ep)} | cooling
+        cooling, learned = pool_state.read_state(conn, pool_limit)
+        self.learning = set(learned)
+
+        def limit_of(endpoint: str) -> int:
+            return min(pool_limit(endpoint), learned.get(endpoint, global_limit))
+
+        full = {ep for ep, n in in_flight.items() if n >= limit_of(ep)} | cooling
         query = (
             select(c.id, c.endpoint)
             .where(c.status == QUEUED, c.delivery == Delivery.ONLINE.value, c.next_attempt_at <= db_now())
@@ -335,7 +350,7 @@ class QueueQueries:
         taken: dict[str, int] = {}
         for row in conn.execute(self.dialect.for_update(query)):
             used = in_flight.get(row.endpoint, 0) + taken.get(row.endpoint, 0)
-            if used < pool_limit(row.endpoint):
+            if used < limit_of(row.endpoint):
                 picked.append(row.id)
                 taken[row.endpoint] = taken.get(row.endpoint, 0) + 1
                 if len(picked) == free_total:
@@ -428,8 +443,13 @@ class QueueQueries:
                 if params:
                     conn.execute(stmt, params)
             for o in outcomes:
-                if isinstance(o, RetryLater) and o.pool_cooldown_s:
-                    self._cool_down(conn, o.request.endpoint, o.pool_cooldown_s)
+                if isinstance(o, RetryLater) and o.failure.status_code == 429:
+                    pool_state.note_rate_limited(conn, self.dialect, o.request.endpoint, o.pool_cooldown_s)
+            succeeded = [
+                o.request.endpoint for o in outcomes if isinstance(o, Completed) and o.request.endpoint in self.learning
+            ]
+            if succeeded:
+                pool_state.note_successes(conn, succeeded)
             c = requests.c
             now = {
                 row.id: (row.lease_token, row.status)
@@ -455,39 +475,47 @@ class QueueQueries:
         c = requests.c
         return and_(c.id == request.id, c.lease_token == request.token, c.status == RUNNING)
 
-    def _cool_down(self, conn: Connection, endpoint: str, seconds: float) -> None:
-        until = db_now_plus(seconds)
-        stmt = self.dialect.upsert(
-            pools, ["endpoint"], {"endpoint": endpoint}, {"cooldown_until": until, "updated_at": db_now()}
-        )
-        conn.execute(stmt)
-
-    def begin_attempt(self, request: ClaimedRequest) -> int | None:
+    def begin_attempt(self, request: ClaimedRequest) -> NextAttempt:
         """After a held back-off: count the next attempt durably before making it.
 
-        Returns the attempt number, or None when the row is no longer ours
-        (canceled, or the lease was taken over while we slept).
+        The slot is given back instead (`yielded`) when the pool is now over its
+        learned limit: requests that waited out a 429 must not all retry at once
+        into an endpoint that has just shown it serves fewer. `number` is None when
+        the row is no longer ours (canceled, or taken over while we slept).
         """
         c = requests.c
         with self.engine.begin() as conn:
+            if pool_state.over_learned_limit(conn, request.endpoint):
+                gave_back = conn.execute(
+                    update(requests)
+                    .where(self._fenced(request))
+                    .values(
+                        status=QUEUED,
+                        lease_owner=None,
+                        lease_expires_at=None,
+                        next_attempt_at=db_now(),
+                        updated_at=db_now(),
+                    )
+                ).rowcount
+                return NextAttempt(None, self._active(conn), time.time(), yielded=bool(gave_back))
             number = conn.execute(
                 update(requests)
                 .where(self._fenced(request))
                 .values(attempts=c.attempts + 1, updated_at=db_now())
-                .returning(c.attempts)
-            ).scalar_one_or_none()
+                .returning(c.attempts, c.lease_owner)
+            ).first()
             if number is None:
-                return None
+                return NextAttempt(None, self._active(conn), time.time())
             conn.execute(
                 insert(attempts).values(started_at=db_now()),
                 {
                     "request_id": request.id,
-                    "attempt": number,
+                    "attempt": number.attempts,
+                    "worker": number.lease_owner,
                     "outcome": AttemptOutcome.RUNNING.value,
-                    "worker": conn.execute(select(c.lease_owner).where(c.id == request.id)).scalar_one(),
                 },
             )
-            return int(number)
+            return NextAttempt(int(number.attempts), 0, 0.0)
 
     # -- leases ----------------------------------------------------------------
 

@@ -111,6 +111,8 @@ def upgrade() -> None:
         "llm_pools",
         sa.Column("endpoint", sa.String(length=300), nullable=False),
         sa.Column("cooldown_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("learned_limit", sa.Integer(), nullable=True),
+        sa.Column("successes", sa.Integer(), server_default="0", nullable=False),
         sa.Column(
             "updated_at",
             sa.DateTime(timezone=True),

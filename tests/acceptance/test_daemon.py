@@ -245,3 +245,22 @@ def test_no_api_key_reaches_the_database_or_the_logs(sqlite_url: str, tmp_path: 
     store.close()
     for path in [log, database, *database.parent.glob("ledger.db-*")]:
         assert secret.encode() not in path.read_bytes(), path
+
+
+def test_a_pool_configured_above_what_the_provider_serves_learns_its_limit(sqlite_url: str, tmp_path: Path) -> None:
+    """Limit 8 against a provider that serves 3: one storm of 429s, then no more hammering."""
+    log = tmp_path / "daemon.log"
+    prompts = [("a", f"d{i}", f"capacity probe {i}") for i in range(30)]
+    with mock_provider("--latency", "0.2", "--max-concurrency", "3") as mock:
+        env = ledger_env(sqlite_url, mock, MAX_CONCURRENT_LLM_CALLS=8, RETRY_MAX_ATTEMPTS=5, RETRY_INITIAL_DELAY=0.05)
+        enqueue(env, write_requests(tmp_path / "cap.jsonl", prompts))
+        assert run_daemon(env, log) == 0
+        stats = mock.stats()
+    store = Store(sqlite_url)
+    counts = store.status_counts()
+    learned = store.pool_usage()["openai:gpt-4o-mini"]["learned_limit"]
+    store.close()
+    assert counts["completed"] == 30 and counts["error"] == 0
+    assert stats["status_counts"]["429"] <= 8 - 3  # the first storm only
+    assert learned == 3
+    assert max_slots_from_log(events(log)) <= 8

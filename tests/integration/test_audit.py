@@ -33,16 +33,13 @@ def populate(url: str) -> dict[str, int]:
         )
         for i in range(3)
     )
-    claim = store.claim("w", lease_seconds=30, global_limit=2, pool_limit=lambda _: 2, max_attempts=3, max_claims=2)
-    ok, bad = claim.requests
+    limits = {"lease_seconds": 30, "global_limit": 2, "pool_limit": lambda _: 2, "max_attempts": 3, "max_claims": 1}
+    (ok,) = store.claim("w", **limits).requests
     store.record([RetryLater(ok, 1, AttemptFailure(429, "rate_limit", "slow down", 12), delay_s=0.0)])
-    assert store.begin_attempt(ok) == 2
-    store.record(
-        [
-            Completed(ok, 2, "Reasoning...\nVERDICT: 4", 150, input_tokens=20, output_tokens=7),
-            Failed(bad, 1, AttemptFailure(401, "invalid_api_key", "401: bad key", 9), elapsed_ms=9),
-        ]
-    )
+    assert store.begin_attempt(ok).number == 2
+    store.record([Completed(ok, 2, "Reasoning...\nVERDICT: 4", 150, input_tokens=20, output_tokens=7)])
+    (bad,) = store.claim("w", **limits).requests
+    store.record([Failed(bad, 1, AttemptFailure(401, "invalid_api_key", "401: bad key", 9), elapsed_ms=9)])
     store.close()
     return {"ok": ok.id, "bad": bad.id}
 

@@ -1,0 +1,96 @@
+"""Shared endpoint-pool state: 429 cooldowns and the learned (adaptive) limit.
+
+Every daemon reads this in its claim transaction, so what one process learns
+about an endpoint holds back all of them:
+- a 429 with `retry-after` cools the whole pool down until then;
+- every retryable 429 lowers the pool's *learned limit* by one, starting from
+  the number of its requests in flight, so a pool configured above what the
+  provider really serves converges to what it serves instead of collecting 429s;
+- every `PROBE_ROUNDS x learned_limit` successes in a row raise it by one again,
+  until it reaches the configured limit and is dropped (additive increase). Probing
+  is rare on purpose: a probe that finds the ceiling costs a whole-pool cooldown.
+Called only from `Store` methods, inside their transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.engine import Connection
+
+from ledger.models import LlmPool, LlmRequest, RequestStatus
+from ledger.store.dialect import Dialect, db_now, db_now_plus
+
+# Rounds of full-limit successes before trying one more slot.
+PROBE_ROUNDS = 10
+
+pools = LlmPool.__table__  # type: ignore[attr-defined]
+requests = LlmRequest.__table__  # type: ignore[attr-defined]
+
+_STATE = select(pools.c.endpoint, pools.c.cooldown_until > db_now(), pools.c.learned_limit).where(
+    or_(pools.c.cooldown_until > db_now(), pools.c.learned_limit.is_not(None))
+)
+
+
+def read_state(conn: Connection, configured: Callable[[str], int]) -> tuple[set[str], dict[str, int]]:
+    """(pools cooling down, effective learned limits); learned limits that grew back are dropped."""
+    cooling: set[str] = set()
+    learned: dict[str, int] = {}
+    recovered: list[str] = []
+    for endpoint, is_cooling, limit in conn.execute(_STATE):
+        if is_cooling:
+            cooling.add(endpoint)
+        if limit is not None:
+            if limit >= configured(endpoint):
+                recovered.append(endpoint)
+            else:
+                learned[endpoint] = int(limit)
+    if recovered:
+        conn.execute(update(pools).where(pools.c.endpoint.in_(recovered)).values(learned_limit=None, successes=0))
+    return cooling, learned
+
+
+def note_rate_limited(conn: Connection, dialect: Dialect, endpoint: str, cooldown_s: float | None) -> None:
+    """One 429 from `endpoint`: lower its learned limit by one; cool it down if told how long."""
+    current = conn.execute(select(pools.c.learned_limit).where(pools.c.endpoint == endpoint)).scalar_one_or_none()
+    if current is None:
+        current = conn.execute(
+            select(func.count()).where(
+                requests.c.endpoint == endpoint, requests.c.status == RequestStatus.RUNNING.value
+            )
+        ).scalar_one()
+    values: dict[str, Any] = {"learned_limit": max(1, int(current) - 1), "successes": 0, "updated_at": db_now()}
+    if cooldown_s:
+        values["cooldown_until"] = db_now_plus(cooldown_s)
+    conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
+
+
+def note_successes(conn: Connection, endpoints: Iterable[str]) -> None:
+    """Successes on pools with a learned limit: enough of them in a row add one slot."""
+    counts: dict[str, int] = {}
+    for endpoint in endpoints:
+        counts[endpoint] = counts.get(endpoint, 0) + 1
+    for endpoint, n in counts.items():
+        conn.execute(
+            update(pools)
+            .where(pools.c.endpoint == endpoint, pools.c.learned_limit.is_not(None))
+            .values(successes=pools.c.successes + n)
+        )
+    conn.execute(
+        update(pools)
+        .where(pools.c.endpoint.in_(list(counts)), pools.c.successes >= pools.c.learned_limit * PROBE_ROUNDS)
+        .values(learned_limit=pools.c.learned_limit + 1, successes=0)
+    )
+
+
+def over_learned_limit(conn: Connection, endpoint: str) -> bool:
+    """More of the pool's requests in flight than its learned limit allows."""
+    limit = conn.execute(select(pools.c.learned_limit).where(pools.c.endpoint == endpoint)).scalar_one_or_none()
+    if limit is None:
+        return False
+    running = conn.execute(
+        select(func.count()).where(requests.c.endpoint == endpoint, requests.c.status == RequestStatus.RUNNING.value)
+    ).scalar_one()
+    return bool(running > limit)
