@@ -107,8 +107,9 @@ class BatchStore:
         filename = "upload.jsonl"
         for part in message.iter_parts():
             name = part.get_param("name", header="content-disposition")
-            if part.get_filename():
-                filename = part.get_filename()
+            given = part.get_filename()
+            if given:
+                filename = given
             fields[str(name)] = part.get_payload(decode=True)
         stored = StoredFile(
             f"file-{uuid.uuid4().hex[:24]}",

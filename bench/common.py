@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -51,7 +52,7 @@ def mock_process(*args: str) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-def stats(base_url: str) -> dict[str, object]:
+def stats(base_url: str) -> dict[str, Any]:
     return dict(httpx.get(base_url + "/_stats", timeout=5).json())
 
 

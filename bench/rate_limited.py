@@ -13,7 +13,6 @@ import asyncio
 import time
 
 import anyio
-import httpx
 import openai
 
 from bench.common import fresh_database, mock_process, specs, stats
@@ -27,7 +26,6 @@ async def naive(base: str, n: int) -> tuple[float, int]:
     client = openai.AsyncOpenAI(
         api_key="bench",
         base_url=base + "/v1",
-        http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=1000)),
     )
 
     async def one(i: int) -> bool:

@@ -55,7 +55,7 @@ def mock_provider(*args: str) -> Iterator[MockProcess]:
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert "listening on" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert "listening on" in line, (line, proc.stderr.read() if proc.stderr and proc.poll() is not None else "")
         yield MockProcess(proc, line.strip().rsplit(" ", 1)[-1])
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -84,7 +84,7 @@ def test_transient_faults_all_recover_within_the_attempt_budget(sqlite_url: str,
     store = Store(sqlite_url)
     assert store.status_counts()["completed"] == len(prompts)
     with store.engine.connect() as conn:
-        attempts = dict(
+        attempts: dict[str, int] = dict(
             conn.execute(
                 text(
                     "SELECT json_extract(r.trace, '$.dimension'), COUNT(a.id) FROM llm_requests r "
@@ -193,7 +193,8 @@ def test_two_daemons_on_postgres_share_one_global_limit(pg_url: str, tmp_path: P
     assert stats["max_in_flight"] <= 4 and stats["calls"] == 60
     store = Store(pg_url)
     with store.engine.connect() as conn:
-        workers = dict(conn.execute(text("SELECT worker, COUNT(*) FROM llm_attempts GROUP BY worker")).all())
+        query = text("SELECT worker, COUNT(*) FROM llm_attempts GROUP BY worker")
+        workers: dict[str, int] = dict(conn.execute(query).all())
     assert store.status_counts()["completed"] == 60
     store.close()
     assert set(workers) == {"daemon-0", "daemon-1"} and min(workers.values()) > 0

@@ -8,11 +8,11 @@ from typing import Any
 
 import anyio
 import pytest
-from adapters.mock_server import RunningMockProvider, running_mock_provider
 
 from adapters.anthropic import AnthropicAdapter
 from adapters.base import CallRequest, ProviderError
 from adapters.compatible import CompatibleAdapter
+from adapters.mock_server import RunningMockProvider, running_mock_provider
 from adapters.openai import OpenAIAdapter
 
 

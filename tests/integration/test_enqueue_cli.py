@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from ledger.store import Store
 MESSAGES = [{"role": "system", "content": "Judge."}, {"role": "user", "content": "Essay {i}"}]
 
 
-def write_jsonl(path: Path, objs: list[object]) -> Path:
+def write_jsonl(path: Path, objs: Sequence[object]) -> Path:
     path.write_text("".join((o if isinstance(o, str) else json.dumps(o)) + "\n" for o in objs))
     return path
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from ledger.enqueue import Defaults, EnqueueError, read_jsonl, to_row
 MESSAGES = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Score this."}]
 
 
-def rows(lines: list[object], defaults: Defaults | None = None) -> list[dict[str, object]]:
+def rows(lines: list[object], defaults: Defaults | None = None) -> list[dict[str, Any]]:
     text = [line if isinstance(line, str) else json.dumps(line) for line in lines]
     return [to_row(spec) for _, spec in read_jsonl(text, defaults or Defaults())]
 
