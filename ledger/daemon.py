@@ -53,6 +53,7 @@ async def run_daemon(
 ) -> DaemonReport:
     worker = worker_id or default_worker_id()
     store = Store(settings.database_url)
+    store.pool_probe_seconds = settings.pool_probe_seconds
     lane = DbLane()
     stop = stop or anyio.Event()
     started = time.monotonic()

@@ -9,6 +9,7 @@ the poll interval passes (slots freed by other daemons are seen by polling).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class Scheduler:
         self.worker_id = worker_id
         self.state = SchedulerState()
         self._adapters: dict[str, Adapter] = dict(adapters or {})
+        self._building = anyio.Lock()
         self._wake = anyio.Event()
         self._all_done = anyio.Event()
         self._all_done.set()
@@ -77,10 +79,23 @@ class Scheduler:
             self._accept(claim, self._tg)
         self._wake.set()
 
-    def adapter_for(self, provider: str) -> Adapter:
+    async def adapter_for(self, provider: str) -> Adapter:
+        """The provider's adapter, built once, off the event loop.
+
+        Importing an SDK and building its client takes ~0.5-1 s; done on the
+        loop it would stall every call in flight while slots are held.
+        """
         if provider not in self._adapters:
-            self._adapters[provider] = make_adapter(provider, self.settings)
+            async with self._building:
+                if provider not in self._adapters:
+                    self._adapters[provider] = await anyio.to_thread.run_sync(make_adapter, provider, self.settings)
         return self._adapters[provider]
+
+    async def warm_adapters(self) -> None:
+        """Build the adapters the queued work needs before the first claim, so no slot waits on an import."""
+        for provider in sorted(await self.ctx.lane.run(self.ctx.store.online_providers)):
+            with contextlib.suppress(ValueError):  # misconfigured: its requests fail with the reason when claimed
+                await self.adapter_for(provider)
 
     async def close_adapters(self) -> None:
         for adapter in self._adapters.values():
@@ -105,6 +120,7 @@ class Scheduler:
         """Claim and start work until `stop` is set (or, with until_idle, nothing is left)."""
         self._tg = tg
         await self.ctx.lane.run(self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds)
+        await self.warm_adapters()
         try:
             await self._claim_loop(tg, until_idle=until_idle, stop=stop)
         finally:
@@ -129,7 +145,7 @@ class Scheduler:
     async def _execute(self, request: ClaimedRequest) -> None:
         try:
             try:
-                adapter = self.adapter_for(request.provider)
+                adapter = await self.adapter_for(request.provider)
             except ValueError as exc:  # e.g. a provider with no base URL configured
                 failure = AttemptFailure(None, "config_error", str(exc), 0)
                 await self.ctx.recorder.submit(Failed(request, request.attempt, failure))

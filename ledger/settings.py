@@ -69,6 +69,7 @@ class Settings(BaseSettings):
     database_url: str = Field(default=DEFAULT_DATABASE_URL, alias="LEDGER_DATABASE_URL")
     pool_limits_raw: str = Field(default="", alias="LEDGER_POOL_LIMITS")
     default_pool_limit: int | None = Field(default=None, alias="LEDGER_DEFAULT_POOL_LIMIT", ge=1)
+    pool_probe_seconds: float = Field(default=60.0, alias="LEDGER_POOL_PROBE_SECONDS", ge=0)
     lease_seconds: float = Field(default=30.0, alias="LEDGER_LEASE_SECONDS", gt=0)
     poll_interval: float = Field(default=0.5, alias="LEDGER_POLL_INTERVAL", gt=0)
     shutdown_grace: float = Field(default=10.0, alias="LEDGER_SHUTDOWN_GRACE", ge=0)

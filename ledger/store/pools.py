@@ -6,9 +6,11 @@ about an endpoint holds back all of them:
 - every retryable 429 lowers the pool's *learned limit* by one, starting from
   the number of its requests in flight, so a pool configured above what the
   provider really serves converges to what it serves instead of collecting 429s;
-- every `PROBE_ROUNDS x learned_limit` successes in a row raise it by one again,
-  until it reaches the configured limit and is dropped (additive increase). Probing
-  is rare on purpose: a probe that finds the ceiling costs a whole-pool cooldown.
+- `PROBE_ROUNDS x learned_limit` successes in a row, and at least `probe_seconds`
+  since the limit last changed, raise it by one again, until it reaches the
+  configured limit and is dropped (additive increase). Probing is rare on purpose:
+  a probe that finds the ceiling costs a whole-pool cooldown (the 429's
+  retry-after), so probing every few rounds would halve the pool's throughput.
 Called only from `Store` methods, inside their transactions.
 """
 
@@ -67,8 +69,8 @@ def note_rate_limited(conn: Connection, dialect: Dialect, endpoint: str, cooldow
     conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
 
 
-def note_successes(conn: Connection, endpoints: Iterable[str]) -> None:
-    """Successes on pools with a learned limit: enough of them in a row add one slot."""
+def note_successes(conn: Connection, endpoints: Iterable[str], probe_seconds: float) -> None:
+    """Successes on pools with a learned limit: enough of them in a row, and long enough, add one slot."""
     counts: dict[str, int] = {}
     for endpoint in endpoints:
         counts[endpoint] = counts.get(endpoint, 0) + 1
@@ -80,8 +82,12 @@ def note_successes(conn: Connection, endpoints: Iterable[str]) -> None:
         )
     conn.execute(
         update(pools)
-        .where(pools.c.endpoint.in_(list(counts)), pools.c.successes >= pools.c.learned_limit * PROBE_ROUNDS)
-        .values(learned_limit=pools.c.learned_limit + 1, successes=0)
+        .where(
+            pools.c.endpoint.in_(list(counts)),
+            pools.c.successes >= pools.c.learned_limit * PROBE_ROUNDS,
+            pools.c.updated_at <= db_now_plus(-probe_seconds),
+        )
+        .values(learned_limit=pools.c.learned_limit + 1, successes=0, updated_at=db_now())
     )
 
 

@@ -1,9 +1,6 @@
-"""The hot path's SQL: enqueue, claim (= take a slot), record outcomes, leases.
+"""The hot path's SQL around the claim (`claim.py`): enqueue, record outcomes, attempts, cancel.
 
 Invariants every statement here keeps:
-- A row with status `running` is an occupied slot; the claim transaction counts
-  them per pool and in total *after* serialising claimers, so no number of
-  daemon processes can overshoot a limit.
 - Every write to a claimed row carries its fencing token and `status='running'`:
   a worker whose lease was taken over, or whose request was canceled, changes
   nothing (cancel wins over a late completion).
@@ -13,46 +10,20 @@ Invariants every statement here keeps:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, insert, literal, select, union_all, update
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy import and_, bindparam, func, select, update
+from sqlalchemy.engine import Connection
 
-from ledger.models import (
-    AttemptOutcome,
-    Delivery,
-    Job,
-    LlmAttempt,
-    LlmPool,
-    LlmRequest,
-    LlmWorker,
-    RequestStatus,
-)
+from ledger.models import AttemptOutcome, Delivery, Job, RequestStatus
 from ledger.store import pools as pool_state
-from ledger.store.dialect import Dialect, db_now, db_now_plus
-from ledger.store.rows import (
-    Claim,
-    ClaimedRequest,
-    Completed,
-    Failed,
-    Outcome,
-    Recorded,
-    ReleasedRows,
-    RetryLater,
-)
+from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
+from ledger.store.dialect import db_now, db_now_plus
+from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater
 
-requests = LlmRequest.__table__  # type: ignore[attr-defined]
-attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
 jobs = Job.__table__  # type: ignore[attr-defined]
-pools = LlmPool.__table__  # type: ignore[attr-defined]
-workers = LlmWorker.__table__  # type: ignore[attr-defined]
-
-RUNNING = RequestStatus.RUNNING.value
-QUEUED = RequestStatus.QUEUED.value
-# How many candidates to read per free slot: some may belong to pools that fill up.
-_CANDIDATES_PER_SLOT = 4
 # New rows reported back for per-request events; beyond this an enqueue reports counts only,
 # so memory stays flat however large the input is.
 KEEP_INSERTED_MAX = 10_000
@@ -74,54 +45,6 @@ class EnqueueResult:
     duplicates: int
     queue_depth: int  # queued requests after this enqueue
     inserted_rows: list[dict[str, Any]]  # id, key, trace of each new row; empty past KEEP_INSERTED_MAX
-
-
-def _claimed_columns() -> list[Any]:
-    c = requests.c
-    return [
-        c.id,
-        c.lease_token,
-        c.attempts,
-        c.idempotency_key,
-        c.job_id,
-        c.provider,
-        c.model,
-        c.endpoint,
-        c.input,
-        c.params,
-        c.response_format,
-        c.trace,
-    ]
-
-
-def _to_claimed(row: Any) -> ClaimedRequest:
-    return ClaimedRequest(
-        id=row.id,
-        token=row.lease_token,
-        attempt=row.attempts,
-        idempotency_key=row.idempotency_key,
-        job_id=row.job_id,
-        provider=row.provider,
-        model=row.model,
-        endpoint=row.endpoint,
-        input=row.input,
-        params=row.params or {},
-        response_format=row.response_format,
-        trace=row.trace or {},
-    )
-
-
-# Pseudo pool keys for the claim's bookkeeping rows; real keys always contain ':'.
-_LIVE_WORKERS, _MINE = "@workers", "@mine"
-# One round trip for the counts a claim needs: slots in use per pool, live daemons, and
-# this daemon's own slots.
-_CLAIM_STATE = union_all(
-    select(requests.c.endpoint, func.count()).where(requests.c.status == RUNNING).group_by(requests.c.endpoint),
-    select(literal(_LIVE_WORKERS), func.count()).where(workers.c.heartbeat_at > db_now_plus(bindparam("b_since"))),
-    select(literal(_MINE), func.count()).where(
-        requests.c.status == RUNNING, requests.c.lease_owner == bindparam("b_worker")
-    ),
-)
 
 
 def _kind(outcome: Outcome) -> str:
@@ -185,6 +108,9 @@ def _fenced_update() -> Any:
     return update(requests).where(c.id == bindparam("b_id"), c.lease_token == bindparam("b_token"), c.status == RUNNING)
 
 
+_FENCE_STATE = select(requests.c.id, requests.c.lease_token, requests.c.status).where(
+    requests.c.id.in_(bindparam("b_ids", expanding=True))
+)
 _FINAL = {"completed_at": db_now(), "lease_owner": None, "lease_expires_at": None, "updated_at": db_now()}
 _RETRY = {
     "next_attempt_at": db_now_plus(bindparam("b_delay")),
@@ -235,13 +161,8 @@ def _request_values(o: Outcome) -> dict[str, Any]:
     return values | {"b_delay": o.delay_s}
 
 
-class QueueQueries:
+class QueueQueries(ClaimQueries):
     """Mixed into `Store`; needs `engine` and `dialect`."""
-
-    engine: Engine
-    dialect: Dialect
-    # Pools with a learned limit as of this process's last claim: only their successes are counted.
-    learning: set[str] = set()  # noqa: RUF012 - replaced, never mutated
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -296,133 +217,6 @@ class QueueQueries:
         )
         return [dict(r._mapping) for r in conn.execute(stmt, batch)]
 
-    # -- claim -----------------------------------------------------------------
-
-    def claim(self, worker: str, **limits: Any) -> Claim:
-        """Take as many due requests as free slots allow, in one serialised transaction."""
-        with self.engine.begin() as conn:
-            return self._claim_in(conn, worker, **limits)
-
-    def _claim_in(
-        self,
-        conn: Connection,
-        worker: str,
-        *,
-        lease_seconds: float,
-        global_limit: int,
-        pool_limit: Callable[[str], int],
-        max_attempts: int,
-        max_claims: int,
-        reclaim: bool = True,
-    ) -> Claim:
-        c = requests.c
-        self.dialect.serialize_claimers(conn)
-        reclaimed = self._reclaim_expired(conn, max_attempts) if reclaim else 0
-        in_flight: dict[str, int] = {}
-        state = {_LIVE_WORKERS: 0, _MINE: 0}
-        for endpoint, n in conn.execute(_CLAIM_STATE, {"b_since": -lease_seconds, "b_worker": worker}):
-            if endpoint in state:
-                state[endpoint] = n
-            else:
-                in_flight[endpoint] = n
-        total = sum(in_flight.values())
-        # Several daemons share the global limit fairly: each holds at most its share.
-        share = -(-global_limit // max(state[_LIVE_WORKERS], 1))
-        free_total = min(global_limit - total, max_claims, share - state[_MINE])
-        if free_total <= 0:
-            return Claim([], total, reclaimed)
-        cooling, learned = pool_state.read_state(conn, pool_limit)
-        self.learning = set(learned)
-
-        def limit_of(endpoint: str) -> int:
-            return min(pool_limit(endpoint), learned.get(endpoint, global_limit))
-
-        full = {ep for ep, n in in_flight.items() if n >= limit_of(ep)} | cooling
-        query = (
-            select(c.id, c.endpoint)
-            .where(c.status == QUEUED, c.delivery == Delivery.ONLINE.value, c.next_attempt_at <= db_now())
-            .order_by(c.priority.desc(), c.fair_seq, c.id)
-            .limit(free_total * _CANDIDATES_PER_SLOT)
-        )
-        if full:
-            query = query.where(c.endpoint.not_in(full))
-        picked: list[int] = []
-        taken: dict[str, int] = {}
-        for row in conn.execute(self.dialect.for_update(query)):
-            used = in_flight.get(row.endpoint, 0) + taken.get(row.endpoint, 0)
-            if used < limit_of(row.endpoint):
-                picked.append(row.id)
-                taken[row.endpoint] = taken.get(row.endpoint, 0) + 1
-                if len(picked) == free_total:
-                    break
-        if not picked:
-            return Claim([], total, reclaimed)
-        claimed = [
-            _to_claimed(r)
-            for r in conn.execute(
-                update(requests)
-                .where(c.id.in_(picked), c.status == QUEUED)
-                .values(
-                    status=RUNNING,
-                    lease_owner=worker,
-                    lease_token=c.lease_token + 1,
-                    lease_expires_at=db_now_plus(lease_seconds),
-                    attempts=c.attempts + 1,
-                    updated_at=db_now(),
-                )
-                .returning(*_claimed_columns())
-            )
-        ]
-        conn.execute(
-            insert(attempts).values(started_at=db_now()),
-            [
-                {
-                    "request_id": r.id,
-                    "attempt": r.attempt,
-                    "worker": worker,
-                    "outcome": AttemptOutcome.RUNNING.value,
-                }
-                for r in claimed
-            ],
-        )
-        return Claim(sorted(claimed, key=lambda r: picked.index(r.id)), total + len(claimed), reclaimed)
-
-    def _reclaim_expired(self, conn: Connection, max_attempts: int) -> int:
-        """Put the rows of dead workers back in the queue (or end them if out of attempts)."""
-        c = requests.c
-        expired = conn.execute(
-            update(requests)
-            .where(c.status == RUNNING, c.lease_expires_at < db_now())
-            .values(status=QUEUED, lease_owner=None, lease_expires_at=None, updated_at=db_now())
-            .returning(c.id, c.attempts)
-        ).all()
-        if not expired:
-            return 0
-        ids = [row.id for row in expired]
-        conn.execute(
-            update(attempts)
-            .where(attempts.c.request_id.in_(ids), attempts.c.outcome == AttemptOutcome.RUNNING.value)
-            .values(
-                outcome=AttemptOutcome.LOST.value,
-                finished_at=db_now(),
-                error_message="lease expired: the worker stopped renewing it",
-            )
-        )
-        spent = [row.id for row in expired if row.attempts >= max_attempts]
-        if spent:
-            conn.execute(
-                update(requests)
-                .where(c.id.in_(spent))
-                .values(
-                    status=RequestStatus.ERROR.value,
-                    error_code="lease_expired",
-                    error_message=f"worker lost during attempt {max_attempts} of {max_attempts}",
-                    completed_at=db_now(),
-                    updated_at=db_now(),
-                )
-            )
-        return len(expired)
-
     # -- record ----------------------------------------------------------------
 
     def record(self, outcomes: list[Outcome], claim_for: str | None = None, **limits: Any) -> Recorded:
@@ -438,10 +232,11 @@ class QueueQueries:
         """
         with self.engine.begin() as conn:
             conn.execute(_FINISH_ATTEMPT, [_attempt_values(o) for o in outcomes])
+            matched = 0
             for kind, stmt in _REQUEST_UPDATES.items():
                 params = [_request_values(o) for o in outcomes if _kind(o) == kind]
                 if params:
-                    conn.execute(stmt, params)
+                    matched += conn.execute(stmt, params).rowcount
             for o in outcomes:
                 if isinstance(o, RetryLater) and o.failure.status_code == 429:
                     pool_state.note_rate_limited(conn, self.dialect, o.request.endpoint, o.pool_cooldown_s)
@@ -449,15 +244,15 @@ class QueueQueries:
                 o.request.endpoint for o in outcomes if isinstance(o, Completed) and o.request.endpoint in self.learning
             ]
             if succeeded:
-                pool_state.note_successes(conn, succeeded)
-            c = requests.c
-            now = {
-                row.id: (row.lease_token, row.status)
-                for row in conn.execute(
-                    select(c.id, c.lease_token, c.status).where(c.id.in_([o.request.id for o in outcomes]))
-                )
-            }
-            applied = [now.get(o.request.id) == (o.request.token, _EXPECTED_STATUS[_kind(o)]) for o in outcomes]
+                pool_state.note_successes(conn, succeeded, self.pool_probe_seconds)
+            if matched == len(outcomes) and conn.dialect.supports_sane_multi_rowcount:
+                applied = [True] * len(outcomes)  # every fenced update matched its row
+            else:
+                now = {
+                    row.id: (row.lease_token, row.status)
+                    for row in conn.execute(_FENCE_STATE, {"b_ids": [o.request.id for o in outcomes]})
+                }
+                applied = [now.get(o.request.id) == (o.request.token, _EXPECTED_STATUS[_kind(o)]) for o in outcomes]
             if claim_for:
                 claim = self._claim_in(conn, claim_for, **limits)
                 active = claim.active_slots - len(claim.requests)
@@ -465,11 +260,6 @@ class QueueQueries:
                 claim, active = None, self._active(conn)
             ts = time.time()
         return Recorded(applied, active, ts, claim)
-
-    def _active(self, conn: Connection) -> int:
-        return int(
-            conn.execute(select(func.count()).select_from(requests).where(requests.c.status == RUNNING)).scalar_one()
-        )
 
     def _fenced(self, request: ClaimedRequest) -> Any:
         c = requests.c
@@ -507,7 +297,7 @@ class QueueQueries:
             if number is None:
                 return NextAttempt(None, self._active(conn), time.time())
             conn.execute(
-                insert(attempts).values(started_at=db_now()),
+                START_ATTEMPT,
                 {
                     "request_id": request.id,
                     "attempt": number.attempts,
@@ -516,55 +306,6 @@ class QueueQueries:
                 },
             )
             return NextAttempt(int(number.attempts), 0, 0.0)
-
-    # -- leases ----------------------------------------------------------------
-
-    def retire_worker(self, worker: str) -> None:
-        """A daemon that stops cleanly leaves the registry, so the others' shares grow at once."""
-        with self.engine.begin() as conn:
-            conn.execute(workers.delete().where(workers.c.worker_id == worker))
-
-    def renew_leases(self, worker: str, lease_seconds: float) -> int:
-        """Heartbeat (for fair shares) and extend every lease this worker holds."""
-        with self.engine.begin() as conn:
-            conn.execute(self.dialect.upsert(workers, ["worker_id"], {"worker_id": worker}, {"heartbeat_at": db_now()}))
-            result = conn.execute(
-                update(requests)
-                .where(requests.c.lease_owner == worker, requests.c.status == RUNNING)
-                .values(lease_expires_at=db_now_plus(lease_seconds))
-            )
-            return int(result.rowcount)
-
-    def release_worker(self, worker: str) -> ReleasedRows:
-        """A stopping worker gives every slot it still holds back to the queue.
-
-        A call that was cut off is marked `lost` (it may have been paid for); the
-        attempt counter keeps it, so the next claim continues with the next number.
-        """
-        c = requests.c
-        with self.engine.begin() as conn:
-            rows = conn.execute(
-                update(requests)
-                .where(c.lease_owner == worker, c.status == RUNNING)
-                .values(status=QUEUED, lease_owner=None, lease_expires_at=None, updated_at=db_now())
-                .returning(*_claimed_columns())
-            ).all()
-            if rows:
-                conn.execute(
-                    update(attempts)
-                    .where(
-                        attempts.c.request_id.in_([r.id for r in rows]),
-                        attempts.c.outcome == AttemptOutcome.RUNNING.value,
-                    )
-                    .values(
-                        outcome=AttemptOutcome.LOST.value,
-                        finished_at=db_now(),
-                        error_message="worker stopped before the call finished",
-                    )
-                )
-            active = self._active(conn)
-            ts = time.time()
-        return ReleasedRows([_to_claimed(r) for r in rows], active, ts)
 
     def cancel(self, *, ids: list[int] | None = None, job_id: str | None = None) -> int:
         """Cancel requests not yet final; a call already running is fenced out when it ends."""
@@ -590,11 +331,15 @@ class QueueQueries:
 
     def has_online_work(self) -> bool:
         """Anything queued (due or not) or in flight for the online path."""
-        c = requests.c
         with self.engine.connect() as conn:
-            return (
-                conn.execute(
-                    select(c.id).where(c.delivery == Delivery.ONLINE.value, c.status.in_([QUEUED, RUNNING])).limit(1)
-                ).first()
-                is not None
-            )
+            return conn.execute(self._online_work(requests.c.id).limit(1)).first() is not None
+
+    def online_providers(self) -> set[str]:
+        """Providers with online work waiting: the adapters a starting daemon should build first."""
+        with self.engine.connect() as conn:
+            return set(conn.execute(self._online_work(requests.c.provider).distinct()).scalars())
+
+    @staticmethod
+    def _online_work(column: Any) -> Any:
+        c = requests.c
+        return select(column).where(c.delivery == Delivery.ONLINE.value, c.status.in_([QUEUED, RUNNING]))

@@ -62,19 +62,36 @@ def test_holders_over_the_learned_limit_give_their_slot_back(store: Store) -> No
     assert all(r.attempt == 2 for r in again)  # the 429 attempt still counts
 
 
-def test_successes_raise_it_back_and_it_disappears_at_the_configured_limit(store: Store) -> None:
+def learn_a_limit_of_one(store: Store) -> None:
     held = claim(store, 2)
     store.record([RetryLater(held[0], 1, RATE_LIMITED, delay_s=0.0)])
     assert learned(store) == 1
     store.record([Completed(held[1], 1, "ok", 5)])
     assert store.begin_attempt(held[0]).number == 2
     store.record([Completed(held[0], 2, "ok", 5)])
+
+
+def succeed(store: Store, times: int) -> None:
+    for _ in range(times):
+        (request,) = claim(store, 1)
+        store.record([Completed(request, request.attempt, "ok", 5)])
+
+
+def test_successes_raise_it_back_and_it_disappears_at_the_configured_limit(store: Store) -> None:
+    store.pool_probe_seconds = 0
+    learn_a_limit_of_one(store)
     limit = 1
     while limit < 8:
-        for _ in range(PROBE_ROUNDS * limit):
-            (request,) = claim(store, 1)
-            store.record([Completed(request, request.attempt, "ok", 5)])
+        succeed(store, PROBE_ROUNDS * limit)
         limit += 1
         assert learned(store) in (limit, None)
     claim(store, 8)
     assert learned(store) is None
+
+
+def test_a_learned_limit_stands_for_the_probe_interval_however_many_successes(store: Store) -> None:
+    """A probe that finds the ceiling costs a whole-pool cooldown: not more often than the interval allows."""
+    store.pool_probe_seconds = 3600
+    learn_a_limit_of_one(store)
+    succeed(store, PROBE_ROUNDS * 5)
+    assert learned(store) == 1

@@ -1,0 +1,272 @@
+"""The claim's SQL: a `running` row is an occupied slot; leases keep it, expiry frees it.
+
+Invariants every statement here keeps:
+- The claim transaction counts `running` rows per pool and in total *after*
+  serialising claimers, so no number of daemon processes can overshoot a limit.
+- A claim increments the request's attempt counter and inserts the attempt row
+  in the same transaction, before any call: a crash resumes at the right attempt.
+- Times are the database's (`db_now`), never the process's.
+
+The statements are built once, at import, with bound parameters: the claim runs
+once per freed slot, and building SQLAlchemy constructs per call cost more than
+the database's own work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any
+
+from sqlalchemy import Select, bindparam, func, insert, literal, select, union_all, update
+from sqlalchemy.engine import Connection, Engine
+
+from ledger.models import AttemptOutcome, Delivery, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
+from ledger.store import pools as pool_state
+from ledger.store.dialect import Dialect, db_now, db_now_plus
+from ledger.store.rows import Claim, ClaimedRequest, ReleasedRows
+
+requests = LlmRequest.__table__  # type: ignore[attr-defined]
+attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
+workers = LlmWorker.__table__  # type: ignore[attr-defined]
+
+RUNNING = RequestStatus.RUNNING.value
+QUEUED = RequestStatus.QUEUED.value
+# How many candidates to read per free slot: some may belong to pools that fill up.
+_CANDIDATES_PER_SLOT = 4
+
+_c = requests.c
+CLAIMED_COLUMNS = (
+    _c.id,
+    _c.lease_token,
+    _c.attempts,
+    _c.idempotency_key,
+    _c.job_id,
+    _c.provider,
+    _c.model,
+    _c.endpoint,
+    _c.input,
+    _c.params,
+    _c.response_format,
+    _c.trace,
+)
+
+
+def to_claimed(row: Any) -> ClaimedRequest:
+    return ClaimedRequest(
+        id=row.id,
+        token=row.lease_token,
+        attempt=row.attempts,
+        idempotency_key=row.idempotency_key,
+        job_id=row.job_id,
+        provider=row.provider,
+        model=row.model,
+        endpoint=row.endpoint,
+        input=row.input,
+        params=row.params or {},
+        response_format=row.response_format,
+        trace=row.trace or {},
+    )
+
+
+# Pseudo pool keys for the claim's bookkeeping rows; real keys always contain ':'.
+_LIVE_WORKERS, _MINE = "@workers", "@mine"
+# One round trip for the counts a claim needs: slots in use per pool, live daemons, and
+# this daemon's own slots.
+_CLAIM_STATE = union_all(
+    select(_c.endpoint, func.count()).where(_c.status == RUNNING).group_by(_c.endpoint),
+    select(literal(_LIVE_WORKERS), func.count()).where(workers.c.heartbeat_at > db_now_plus(bindparam("b_since"))),
+    select(literal(_MINE), func.count()).where(_c.status == RUNNING, _c.lease_owner == bindparam("b_worker")),
+)
+# Due rows in claim order, leaving out full and cooling pools (an empty list leaves out none).
+_CANDIDATES = (
+    select(_c.id, _c.endpoint)
+    .where(
+        _c.status == QUEUED,
+        _c.delivery == Delivery.ONLINE.value,
+        _c.next_attempt_at <= db_now(),
+        _c.endpoint.not_in(bindparam("b_full", expanding=True)),
+    )
+    .order_by(_c.priority.desc(), _c.fair_seq, _c.id)
+    .limit(bindparam("b_limit"))
+)
+_TAKE = (
+    update(requests)
+    .where(_c.id.in_(bindparam("b_ids", expanding=True)), _c.status == QUEUED)
+    .values(
+        status=RUNNING,
+        lease_owner=bindparam("b_worker"),
+        lease_token=_c.lease_token + 1,
+        lease_expires_at=db_now_plus(bindparam("b_lease")),
+        attempts=_c.attempts + 1,
+        updated_at=db_now(),
+    )
+    .returning(*CLAIMED_COLUMNS)
+)
+START_ATTEMPT = insert(attempts).values(started_at=db_now())
+_ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
+
+
+class ClaimQueries:
+    """Mixed into `Store`; needs `engine` and `dialect`."""
+
+    engine: Engine
+    dialect: Dialect
+    # Pools with a learned limit as of this process's last claim: only their successes are counted.
+    learning: set[str] = set()  # noqa: RUF012 - replaced, never mutated
+    # How long a learned limit stands before one more slot is tried (LEDGER_POOL_PROBE_SECONDS).
+    pool_probe_seconds: float = 60.0
+
+    @cached_property
+    def _candidates(self) -> Select[Any]:
+        return self.dialect.for_update(_CANDIDATES)
+
+    def claim(self, worker: str, **limits: Any) -> Claim:
+        """Take as many due requests as free slots allow, in one serialised transaction."""
+        with self.engine.begin() as conn:
+            return self._claim_in(conn, worker, **limits)
+
+    def _claim_in(
+        self,
+        conn: Connection,
+        worker: str,
+        *,
+        lease_seconds: float,
+        global_limit: int,
+        pool_limit: Callable[[str], int],
+        max_attempts: int,
+        max_claims: int,
+        reclaim: bool = True,
+    ) -> Claim:
+        self.dialect.serialize_claimers(conn)
+        reclaimed = self._reclaim_expired(conn, max_attempts) if reclaim else 0
+        in_flight: dict[str, int] = {}
+        state = {_LIVE_WORKERS: 0, _MINE: 0}
+        for endpoint, n in conn.execute(_CLAIM_STATE, {"b_since": -lease_seconds, "b_worker": worker}):
+            if endpoint in state:
+                state[endpoint] = n
+            else:
+                in_flight[endpoint] = n
+        total = sum(in_flight.values())
+        # Several daemons share the global limit fairly: each holds at most its share.
+        share = -(-global_limit // max(state[_LIVE_WORKERS], 1))
+        free_total = min(global_limit - total, max_claims, share - state[_MINE])
+        if free_total <= 0:
+            return Claim([], total, reclaimed)
+        cooling, learned = pool_state.read_state(conn, pool_limit)
+        self.learning = set(learned)
+
+        def limit_of(endpoint: str) -> int:
+            return min(pool_limit(endpoint), learned.get(endpoint, global_limit))
+
+        full = sorted({ep for ep, n in in_flight.items() if n >= limit_of(ep)} | cooling)
+        candidates = conn.execute(self._candidates, {"b_full": full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
+        picked: list[int] = []
+        taken: dict[str, int] = {}
+        for row in candidates:
+            used = in_flight.get(row.endpoint, 0) + taken.get(row.endpoint, 0)
+            if used < limit_of(row.endpoint):
+                picked.append(row.id)
+                taken[row.endpoint] = taken.get(row.endpoint, 0) + 1
+                if len(picked) == free_total:
+                    break
+        if not picked:
+            return Claim([], total, reclaimed)
+        params = {"b_ids": picked, "b_worker": worker, "b_lease": lease_seconds}
+        claimed = [to_claimed(r) for r in conn.execute(_TAKE, params)]
+        conn.execute(
+            START_ATTEMPT,
+            [
+                {"request_id": r.id, "attempt": r.attempt, "worker": worker, "outcome": AttemptOutcome.RUNNING.value}
+                for r in claimed
+            ],
+        )
+        order = {request_id: i for i, request_id in enumerate(picked)}
+        return Claim(sorted(claimed, key=lambda r: order[r.id]), total + len(claimed), reclaimed)
+
+    def _reclaim_expired(self, conn: Connection, max_attempts: int) -> int:
+        """Put the rows of dead workers back in the queue (or end them if out of attempts)."""
+        expired = conn.execute(
+            update(requests)
+            .where(_c.status == RUNNING, _c.lease_expires_at < db_now())
+            .values(status=QUEUED, lease_owner=None, lease_expires_at=None, updated_at=db_now())
+            .returning(_c.id, _c.attempts)
+        ).all()
+        if not expired:
+            return 0
+        ids = [row.id for row in expired]
+        conn.execute(
+            update(attempts)
+            .where(attempts.c.request_id.in_(ids), attempts.c.outcome == AttemptOutcome.RUNNING.value)
+            .values(
+                outcome=AttemptOutcome.LOST.value,
+                finished_at=db_now(),
+                error_message="lease expired: the worker stopped renewing it",
+            )
+        )
+        spent = [row.id for row in expired if row.attempts >= max_attempts]
+        if spent:
+            conn.execute(
+                update(requests)
+                .where(_c.id.in_(spent))
+                .values(
+                    status=RequestStatus.ERROR.value,
+                    error_code="lease_expired",
+                    error_message=f"worker lost during attempt {max_attempts} of {max_attempts}",
+                    completed_at=db_now(),
+                    updated_at=db_now(),
+                )
+            )
+        return len(expired)
+
+    def _active(self, conn: Connection) -> int:
+        return int(conn.execute(_ACTIVE).scalar_one())
+
+    # -- leases ----------------------------------------------------------------
+
+    def retire_worker(self, worker: str) -> None:
+        """A daemon that stops cleanly leaves the registry, so the others' shares grow at once."""
+        with self.engine.begin() as conn:
+            conn.execute(workers.delete().where(workers.c.worker_id == worker))
+
+    def renew_leases(self, worker: str, lease_seconds: float) -> int:
+        """Heartbeat (for fair shares) and extend every lease this worker holds."""
+        with self.engine.begin() as conn:
+            conn.execute(self.dialect.upsert(workers, ["worker_id"], {"worker_id": worker}, {"heartbeat_at": db_now()}))
+            result = conn.execute(
+                update(requests)
+                .where(_c.lease_owner == worker, _c.status == RUNNING)
+                .values(lease_expires_at=db_now_plus(lease_seconds))
+            )
+            return int(result.rowcount)
+
+    def release_worker(self, worker: str) -> ReleasedRows:
+        """A stopping worker gives every slot it still holds back to the queue.
+
+        A call that was cut off is marked `lost` (it may have been paid for); the
+        attempt counter keeps it, so the next claim continues with the next number.
+        """
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                update(requests)
+                .where(_c.lease_owner == worker, _c.status == RUNNING)
+                .values(status=QUEUED, lease_owner=None, lease_expires_at=None, updated_at=db_now())
+                .returning(*CLAIMED_COLUMNS)
+            ).all()
+            if rows:
+                conn.execute(
+                    update(attempts)
+                    .where(
+                        attempts.c.request_id.in_([r.id for r in rows]),
+                        attempts.c.outcome == AttemptOutcome.RUNNING.value,
+                    )
+                    .values(
+                        outcome=AttemptOutcome.LOST.value,
+                        finished_at=db_now(),
+                        error_message="worker stopped before the call finished",
+                    )
+                )
+            active = self._active(conn)
+            ts = time.time()
+        return ReleasedRows([to_claimed(r) for r in rows], active, ts)
