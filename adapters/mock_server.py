@@ -19,11 +19,12 @@ import json
 import random
 import signal
 import socket
+import subprocess
 import sys
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -374,14 +375,10 @@ def anthropic_message(model: str, text: str, input_tokens: int, output_tokens: i
 # -- running it -------------------------------------------------------------------
 
 
-@dataclass
-class RunningMockProvider:
-    port: int
-    server: MockProviderServer
+class MockProviderAddress:
+    """Where a running mock provider answers, and its control endpoints."""
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    base_url: str
 
     @property
     def openai_base_url(self) -> str:
@@ -396,6 +393,47 @@ class RunningMockProvider:
 
     def reset(self) -> None:
         httpx.post(self.base_url + "/_reset", timeout=10)
+
+
+@dataclass
+class RunningMockProvider(MockProviderAddress):
+    """A mock provider served from a thread of this process."""
+
+    port: int
+    server: MockProviderServer
+
+    @property
+    def base_url(self) -> str:  # type: ignore[override]
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class MockProviderProcess(MockProviderAddress):
+    """A mock provider in a child process (its CPU does not compete with the caller's)."""
+
+    proc: subprocess.Popen[str]
+    base_url: str
+
+
+@contextmanager
+def mock_provider_process(
+    *args: str, command: Sequence[str] = (sys.executable, "-m", "adapters.mock_server")
+) -> Iterator[MockProviderProcess]:
+    """Start `command --port 0 ARGS...`, wait for its `listening on URL` line, SIGTERM it on exit."""
+    proc = subprocess.Popen([*command, "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "listening on" not in line:
+            failed = proc.stderr.read() if proc.stderr and proc.poll() is not None else ""
+            raise RuntimeError(f"mock provider did not start: {line!r} {failed}")
+        yield MockProviderProcess(proc, line.strip().rsplit(" ", 1)[-1])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 @contextmanager

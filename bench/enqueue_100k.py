@@ -3,7 +3,7 @@
 Runs the real CLI in a child process (so peak RSS is the enqueue's alone) on
 SQLite and on PostgreSQL. Usage:
 
-    python bench/enqueue_100k.py [--lines 100000] [--pg postgresql://postgres@127.0.0.1:5432/test]
+    python -m bench.enqueue_100k [--lines 100000] [--pg postgresql://postgres@127.0.0.1:5432/test]
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import psycopg
+from bench.common import fresh_database
 
 
 def write_file(path: Path, lines: int) -> None:
@@ -85,17 +84,9 @@ def main() -> int:
             print(f"baseline sqlite, {args.lines // 100} lines: {small_s:.2f} s, peak RSS {small_peak:.1f} MiB")
         sqlite_url = f"sqlite:///{tmp}/bench.db"
         results["sqlite"] = run(sqlite_url, path)
-        schema = f"bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(args.pg, autocommit=True) as admin:
-            admin.execute(f"CREATE SCHEMA {schema}")
-            try:
-                pg_url = (
-                    args.pg.replace("postgresql://", "postgresql+psycopg://") + f"?options=-csearch_path%3D{schema}"
-                )
-                results["postgres"] = run(pg_url, path)
-                again = run(pg_url, path)  # idempotent re-enqueue: every line is a duplicate
-            finally:
-                admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        with fresh_database("postgres", args.pg) as pg_url:
+            results["postgres"] = run(pg_url, path)
+            again = run(pg_url, path)  # idempotent re-enqueue: every line is a duplicate
     for name, (seconds, peak) in results.items():
         print(f"{name:22s} {args.lines / seconds:9.0f} rows/s  {seconds:6.2f} s  peak RSS <= {peak:6.1f} MiB")
     print(f"re-enqueue (postgres, all duplicates): {args.lines / again[0]:.0f} lines/s")

@@ -21,7 +21,7 @@ import anyio
 import httpx
 import openai
 
-from bench.common import mock_process
+from adapters.mock_server import mock_provider_process
 
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Evaluate item 1."}]}
 
@@ -71,10 +71,12 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--latency", type=float, default=0.1)
     args = parser.parse_args()
-    with mock_process("--latency", "0") as base:
+    with mock_provider_process("--latency", "0") as mock:
+        base = mock.base_url
         report("mock at 0 latency, bare httpx", anyio.run(raw_httpx, base, args.calls))
         report("mock at 0 latency, openai SDK", anyio.run(through_sdk, base, args.calls))
-    with mock_process("--latency", str(args.latency)) as base:
+    with mock_provider_process("--latency", str(args.latency)) as mock:
+        base = mock.base_url
         samples = anyio.run(through_sdk, base, max(args.calls // 5, 20))
         report(f"mock at {args.latency}s, openai SDK, above the latency", samples, minus=args.latency)
     return 0

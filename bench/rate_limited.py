@@ -15,7 +15,8 @@ import time
 import anyio
 import openai
 
-from bench.common import fresh_database, mock_process, specs, stats
+from adapters.mock_server import mock_provider_process
+from bench.common import fresh_database, specs
 from ledger.api import Ledger
 from ledger.daemon import run_daemon
 from ledger.events import configure_logging
@@ -49,10 +50,12 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.1)
     args = parser.parse_args()
     cap = ["--latency", str(args.latency), "--max-concurrency", "8"]
-    with mock_process(*cap) as base:
+    with mock_provider_process(*cap) as mock:
+        base = mock.base_url
         naive_s, naive_failed = asyncio.run(naive(base, args.requests))
-        naive_stats = stats(base)
-    with fresh_database("sqlite") as url, mock_process(*cap) as base:
+        naive_stats = mock.stats()
+    with fresh_database("sqlite") as url, mock_provider_process(*cap) as mock:
+        base = mock.base_url
         settings = load_settings(
             _env_file=None,
             LEDGER_DATABASE_URL=url,
@@ -70,7 +73,7 @@ def main() -> int:
             anyio.run(lambda: run_daemon(settings, until_idle=True))
             ledger_s = time.perf_counter() - t0
             counts = ledger.store.status_counts()
-        ledger_stats = stats(base)
+        ledger_stats = mock.stats()
     print(
         f"requests={args.requests} provider max-concurrency=8 latency={args.latency}s ideal "
         f"{args.requests / 8 * args.latency:.2f} s"

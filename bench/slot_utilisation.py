@@ -17,7 +17,8 @@ import time
 import anyio
 import openai
 
-from bench.common import fresh_database, mock_process, specs, stats
+from adapters.mock_server import mock_provider_process
+from bench.common import fresh_database, specs
 from ledger.api import Ledger
 from ledger.daemon import run_daemon
 from ledger.events import configure_logging
@@ -51,7 +52,8 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.1)
     args = parser.parse_args()
     ideal = args.requests / args.limit * args.latency
-    with fresh_database(args.db) as url, mock_process("--latency", str(args.latency)) as base:
+    with fresh_database(args.db) as url, mock_provider_process("--latency", str(args.latency)) as mock:
+        base = mock.base_url
         settings = load_settings(
             _env_file=None,
             LEDGER_DATABASE_URL=url,
@@ -66,7 +68,7 @@ def main() -> int:
         t0 = time.perf_counter()
         anyio.run(lambda: run_daemon(settings, until_idle=True))
         wall = time.perf_counter() - t0
-        provider = stats(base)
+        provider = mock.stats()
         bare = anyio.run(bare_sdk_loop, base, args.requests, args.limit)
     records = [json.loads(line) for line in log.getvalue().splitlines()]
     slots = [r["ts"] for r in records if r["event"] in ("acquired", "released")]

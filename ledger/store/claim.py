@@ -19,7 +19,7 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import Select, bindparam, func, insert, literal, select, union_all, update
+from sqlalchemy import Select, and_, bindparam, func, insert, literal, select, union_all, update
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import AttemptOutcome, Delivery, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
@@ -187,23 +187,10 @@ class ClaimQueries:
 
     def _reclaim_expired(self, conn: Connection, max_attempts: int) -> int:
         """Put the rows of dead workers back in the queue (or end them if out of attempts)."""
-        expired = conn.execute(
-            update(requests)
-            .where(_c.status == RUNNING, _c.lease_expires_at < db_now())
-            .values(status=QUEUED, lease_owner=None, lease_expires_at=None, updated_at=db_now())
-            .returning(_c.id, _c.attempts)
-        ).all()
-        if not expired:
-            return 0
-        ids = [row.id for row in expired]
-        conn.execute(
-            update(attempts)
-            .where(attempts.c.request_id.in_(ids), attempts.c.outcome == AttemptOutcome.RUNNING.value)
-            .values(
-                outcome=AttemptOutcome.LOST.value,
-                finished_at=db_now(),
-                error_message="lease expired: the worker stopped renewing it",
-            )
+        expired = _requeue(
+            conn,
+            and_(_c.status == RUNNING, _c.lease_expires_at < db_now()),
+            "lease expired: the worker stopped renewing it",
         )
         spent = [row.id for row in expired if row.attempts >= max_attempts]
         if spent:
@@ -244,29 +231,37 @@ class ClaimQueries:
     def release_worker(self, worker: str) -> ReleasedRows:
         """A stopping worker gives every slot it still holds back to the queue.
 
-        A call that was cut off is marked `lost` (it may have been paid for); the
-        attempt counter keeps it, so the next claim continues with the next number.
+        A call that was cut off is marked `lost` (see `_requeue`).
         """
         with self.engine.begin() as conn:
-            rows = conn.execute(
-                update(requests)
-                .where(_c.lease_owner == worker, _c.status == RUNNING)
-                .values(status=QUEUED, lease_owner=None, lease_expires_at=None, updated_at=db_now())
-                .returning(*CLAIMED_COLUMNS)
-            ).all()
-            if rows:
-                conn.execute(
-                    update(attempts)
-                    .where(
-                        attempts.c.request_id.in_([r.id for r in rows]),
-                        attempts.c.outcome == AttemptOutcome.RUNNING.value,
-                    )
-                    .values(
-                        outcome=AttemptOutcome.LOST.value,
-                        finished_at=db_now(),
-                        error_message="worker stopped before the call finished",
-                    )
-                )
+            rows = _requeue(
+                conn,
+                and_(_c.lease_owner == worker, _c.status == RUNNING),
+                "worker stopped before the call finished",
+            )
             active = self._active(conn)
             ts = time.time()
         return ReleasedRows([to_claimed(r) for r in rows], active, ts)
+
+
+def _requeue(conn: Connection, which: Any, why_lost: str) -> list[Any]:
+    """Put claimed rows back in the queue and close their open attempts as `lost` (maybe paid for).
+
+    The attempt counter keeps the lost attempt, so the next claim continues with the next number.
+    """
+    rows = conn.execute(
+        update(requests)
+        .where(which)
+        .values(status=QUEUED, lease_owner=None, lease_expires_at=None, updated_at=db_now())
+        .returning(*CLAIMED_COLUMNS)
+    ).all()
+    if rows:
+        conn.execute(
+            update(attempts)
+            .where(
+                attempts.c.request_id.in_([r.id for r in rows]),
+                attempts.c.outcome == AttemptOutcome.RUNNING.value,
+            )
+            .values(outcome=AttemptOutcome.LOST.value, finished_at=db_now(), error_message=why_lost)
+        )
+    return list(rows)

@@ -56,14 +56,10 @@ def read_state(conn: Connection, configured: Callable[[str], int]) -> tuple[set[
 
 def note_rate_limited(conn: Connection, dialect: Dialect, endpoint: str, cooldown_s: float | None) -> None:
     """One 429 from `endpoint`: lower its learned limit by one; cool it down if told how long."""
-    current = conn.execute(select(pools.c.learned_limit).where(pools.c.endpoint == endpoint)).scalar_one_or_none()
+    current = _learned_limit(conn, endpoint)
     if current is None:
-        current = conn.execute(
-            select(func.count()).where(
-                requests.c.endpoint == endpoint, requests.c.status == RequestStatus.RUNNING.value
-            )
-        ).scalar_one()
-    values: dict[str, Any] = {"learned_limit": max(1, int(current) - 1), "successes": 0, "updated_at": db_now()}
+        current = _running_in(conn, endpoint)
+    values: dict[str, Any] = {"learned_limit": max(1, current - 1), "successes": 0, "updated_at": db_now()}
     if cooldown_s:
         values["cooldown_until"] = db_now_plus(cooldown_s)
     conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
@@ -93,10 +89,21 @@ def note_successes(conn: Connection, endpoints: Iterable[str], probe_seconds: fl
 
 def over_learned_limit(conn: Connection, endpoint: str) -> bool:
     """More of the pool's requests in flight than its learned limit allows."""
+    limit = _learned_limit(conn, endpoint)
+    return limit is not None and _running_in(conn, endpoint) > limit
+
+
+def _learned_limit(conn: Connection, endpoint: str) -> int | None:
     limit = conn.execute(select(pools.c.learned_limit).where(pools.c.endpoint == endpoint)).scalar_one_or_none()
-    if limit is None:
-        return False
-    running = conn.execute(
-        select(func.count()).where(requests.c.endpoint == endpoint, requests.c.status == RequestStatus.RUNNING.value)
-    ).scalar_one()
-    return bool(running > limit)
+    return None if limit is None else int(limit)
+
+
+def _running_in(conn: Connection, endpoint: str) -> int:
+    """The pool's occupied slots."""
+    return int(
+        conn.execute(
+            select(func.count()).where(
+                requests.c.endpoint == endpoint, requests.c.status == RequestStatus.RUNNING.value
+            )
+        ).scalar_one()
+    )

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import httpx
+from adapters.mock_server import MockProviderProcess as MockProcess
+from adapters.mock_server import mock_provider_process
 
 LEDGER = [sys.executable, "-m", "ledger.cli"]
 
@@ -31,38 +30,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
         time.sleep(interval)
 
 
-@dataclass
-class MockProcess:
-    proc: subprocess.Popen[str]
-    base_url: str
-
-    @property
-    def openai_base_url(self) -> str:
-        return self.base_url + "/v1"
-
-    def stats(self) -> dict[str, Any]:
-        return dict(httpx.get(self.base_url + "/_stats", timeout=5).json())
-
-
-@contextmanager
-def mock_provider(*args: str) -> Iterator[MockProcess]:
-    proc = subprocess.Popen(
-        [*LEDGER, "mock-provider", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening on" in line, (line, proc.stderr.read() if proc.stderr and proc.poll() is not None else "")
-        yield MockProcess(proc, line.strip().rsplit(" ", 1)[-1])
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def mock_provider(*args: str) -> AbstractContextManager[MockProcess]:
+    """The mock provider started through the CLI (`ledger mock-provider`), as a user would."""
+    return mock_provider_process(*args, command=[*LEDGER, "mock-provider"])
 
 
 def ledger_env(db_url: str, mock: MockProcess | None = None, **settings: object) -> dict[str, str]:
