@@ -254,12 +254,15 @@ def cancel(
     request_ids: Annotated[list[int] | None, typer.Argument(help="Request ids to cancel.")] = None,
     job: Annotated[str | None, typer.Option(help="Cancel every unfinished request of this job.")] = None,
 ) -> None:
-    """Cancel requests that are not final yet (a call in flight is fenced out when it returns)."""
+    """Cancel requests that are not final yet (a call in flight keeps its slot until it returns)."""
     if not request_ids and not job:
         fail("give request ids or --job")
     store = open_store(settings_or_exit())
-    n = store.cancel(ids=request_ids or None, job_id=job)
-    out.print(f"canceled {n} request(s)")
+    result = store.cancel(ids=request_ids or None, job_id=job)
+    line = f"canceled {result.canceled} request(s)"
+    if result.in_flight:
+        line += f"; {result.in_flight} with a call in flight end canceled when the call returns"
+    out.print(line, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -272,12 +275,16 @@ def daemon(
     """Claim queued requests under bounded slots and call the providers, until stopped."""
     import anyio
 
-    from ledger.daemon import run_daemon
+    from ledger.daemon import DatabaseFailed, run_daemon
 
     settings = settings_or_exit()
     configure_logs(settings)
     with operator_errors():
-        report = anyio.run(lambda: run_daemon(settings, until_idle=until_idle, worker_id=worker_id))
+        try:
+            report = anyio.run(lambda: run_daemon(settings, until_idle=until_idle, worker_id=worker_id))
+        except DatabaseFailed as exc:
+            err.print(str(exc), highlight=False, markup=False, soft_wrap=True)
+            raise typer.Exit(1) from None
     err.print(
         f"daemon stopped: {report.claimed} claimed, {report.released_at_stop} released at stop, {report.wall_s:.1f}s",
         highlight=False,

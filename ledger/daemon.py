@@ -17,16 +17,21 @@ import time
 from dataclasses import dataclass
 
 import anyio
+from sqlalchemy.exc import DBAPIError
 
 from adapters.base import Adapter
 from ledger import events
 from ledger.executor import CallContext
-from ledger.record import DbLane, Recorder
+from ledger.record import DbLane, Recorder, one_line
 from ledger.retry import RetryPolicy
 from ledger.scheduler import Scheduler
 from ledger.settings import Settings
 from ledger.store import Store
 from ledger.waits import first_done
+
+
+class DatabaseFailed(RuntimeError):
+    """The database failed past `LEDGER_DB_RETRY_SECONDS` (or in a way that will not pass); one line."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,9 @@ async def run_daemon(
     handle_signals: bool = True,
 ) -> DaemonReport:
     worker = worker_id or default_worker_id()
-    store = Store(settings.database_url)
+    store = Store(settings.database_url, ping_on_checkout=False)  # the lane retries dropped connections
     store.pool_probe_seconds = settings.pool_probe_seconds
-    lane = DbLane()
+    lane = DbLane(settings.db_retry_seconds)
     stop = stop or anyio.Event()
     started = time.monotonic()
     signalled = False
@@ -102,19 +107,21 @@ async def run_daemon(
                     work.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await recorder.flush()
-                released = await lane.run(store.release_worker, worker)
+                released = await lane.run(store.release_worker, worker, settings.retry_max_attempts)
                 await lane.run(store.retire_worker, worker)
-                for request in released.requests:
-                    events.released(
-                        request.id,
-                        request.agent,
-                        request.dimension,
-                        released.active_slots,
-                        ts=released.ts_before_commit,
-                    )
+                scheduler.announce_released(released, "gave back slots of calls cut off at stop")
                 await scheduler.close_adapters()
             stop.set()
             services.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        failed = group.subgroup(DBAPIError)
+        if failed is None:
+            raise
+        cause = _first_leaf(failed)
+        raise DatabaseFailed(
+            f"database failed, daemon stopped: {one_line(cause)} "
+            "(requests in flight go back to the queue when their leases expire)"
+        ) from cause
     finally:
         store.close()
     return DaemonReport(
@@ -124,3 +131,8 @@ async def run_daemon(
         time.monotonic() - started,
         signalled,
     )
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

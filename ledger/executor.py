@@ -17,7 +17,7 @@ from ledger import events
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.store import Store
-from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, Failed, RetryLater
+from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, Failed, RetryLater, Written
 
 
 @dataclass(frozen=True)
@@ -92,21 +92,22 @@ async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -
         # FR-008: a timeout gives its slot back and queues the retry; any other
         # transient failure keeps the slot through the back-off (seed 002), so
         # a rate-limited endpoint sees no new traffic from this request's slot.
-        kept = await ctx.recorder.submit(
+        written = await ctx.recorder.submit(
             RetryLater(request, attempt, failure, delay, hold_slot=not timed_out, pool_cooldown_s=cooldown)
         )
-        if timed_out or not kept:
+        if timed_out or written is not Written.APPLIED:  # slot released, canceled, or taken over
             return
         await anyio.sleep(delay)
         next_attempt = await ctx.lane.run(ctx.store.begin_attempt, request)
-        if next_attempt.number is None:  # gave the slot back, or canceled / taken over while we waited
-            events.released(
-                request.id,
-                request.agent,
-                request.dimension,
-                next_attempt.active_slots,
-                ts=next_attempt.ts_before_commit,
-            )
+        if next_attempt.number is None:  # gave the slot back, canceled, or taken over while we waited
+            if next_attempt.freed_slot:
+                events.released(
+                    request.id,
+                    request.agent,
+                    request.dimension,
+                    next_attempt.active_slots,
+                    ts=next_attempt.ts_before_commit,
+                )
             ctx.recorder.notify_slot_freed()
             return
         attempt = next_attempt.number

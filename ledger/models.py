@@ -191,6 +191,9 @@ class LlmRequest(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
     lease_token: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
     lease_expires_at: datetime | None = _ts()
+    # Set by a cancel that found the call in flight: the row keeps its slot until the call
+    # ends (or its lease expires), then ends `canceled`; see docs/decisions.md.
+    cancel_requested_at: datetime | None = _ts()
     batch_id: int | None = Field(default=None, sa_column=Column(IdType, ForeignKey("llm_batches.id"), nullable=True))
     raw_output: str | None = _text()
     reasoning: str | None = _text()

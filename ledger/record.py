@@ -4,31 +4,75 @@ All of a daemon's database work runs in one lane (one thread at a time), so
 the order of commits is the order of the events logged after them. Outcomes
 that finish while a commit is running are written together by the next one:
 under load a single transaction records many requests, at no added latency.
+
+The lane tries a transaction again when the database fails in a way that
+passes (a restart, a dropped connection, a deadlock), for up to
+`LEDGER_DB_RETRY_SECONDS`: every store call is one transaction, so a retry
+repeats all of it or none. Past that, or on an error that will not pass, the
+error surfaces and the daemon stops; the recorder never leaves an executor
+waiting for a commit that will not come.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay, wait_exponential
 
 from ledger import events
 from ledger.store import Store
-from ledger.store.rows import Claim, Completed, Failed, Outcome, Recorded, RetryLater
+from ledger.store.dialect import is_transient
+from ledger.store.rows import Claim, Completed, Failed, Outcome, Recorded, RetryLater, Written
 
 T = TypeVar("T")
+LOG = logging.getLogger("ledger.record")
 
 
 class DbLane:
-    """Runs blocking store calls in a worker thread, one at a time."""
+    """Runs blocking store calls in a worker thread, one at a time, retrying transient failures."""
 
-    def __init__(self) -> None:
+    def __init__(self, retry_seconds: float = 60.0) -> None:
         self._limiter = anyio.CapacityLimiter(1)
+        self._retry_seconds = retry_seconds
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), limiter=self._limiter)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential(multiplier=0.05, max=2.0),
+            stop=stop_after_delay(self._retry_seconds),
+            sleep=anyio.sleep,
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), limiter=self._limiter)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+def _log_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    LOG.warning(
+        "database unavailable, trying again",
+        extra={"details": {"attempt": state.attempt_number, "error": one_line(error)}},
+    )
+
+
+def one_line(error: BaseException | None) -> str:
+    """A database error as one short line (no SQL, no parameters: those may hold prompts)."""
+    if error is None:
+        return ""
+    orig = getattr(error, "orig", None) or error
+    text = " ".join(str(orig).split())
+    return f"{type(orig).__name__}: {text[:300]}"
+
+
+class RecorderStopped(RuntimeError):
+    """The recorder can no longer write: the database failed past what the lane retries."""
 
 
 def _frees_slot(outcome: Outcome) -> bool:
@@ -54,17 +98,26 @@ class Recorder:
         self._lane = lane
         self._on_slot_freed = on_slot_freed
         self._claim_args = claim_args
-        self._pending: list[tuple[Outcome, anyio.Event, list[bool]]] = []
+        # Per outcome: its event and a one-item box for what became of it (None: never written).
+        self._pending: list[tuple[Outcome, anyio.Event, list[Written | None]]] = []
         self._wake = anyio.Event()
+        self._stopped = False
 
-    async def submit(self, outcome: Outcome) -> bool:
-        """Queue an outcome and wait until it is committed; False if the fence refused it."""
-        done, result = anyio.Event(), [False]
-        self._pending.append((outcome, done, result))
+    async def submit(self, outcome: Outcome) -> Written:
+        """Queue an outcome and wait until it is committed.
+
+        Raises `RecorderStopped` when it cannot be written (the recorder died).
+        """
+        if self._stopped:
+            raise RecorderStopped("the recorder has stopped")
+        done, box = anyio.Event(), list[Written | None]([None])
+        self._pending.append((outcome, done, box))
         self._wake.set()
-        with anyio.CancelScope(shield=True):  # a finished paid call is always written
+        with anyio.CancelScope(shield=True):  # a finished paid call is always written, or the daemon stops
             await done.wait()
-        return result[0]
+        if box[0] is None:
+            raise RecorderStopped("the recorder stopped before this outcome was written")
+        return box[0]
 
     def notify_slot_freed(self) -> None:
         """A slot was freed outside a recorded outcome (e.g. given back after a back-off)."""
@@ -72,23 +125,36 @@ class Recorder:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            with anyio.CancelScope(shield=True):
-                await self.flush()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                with anyio.CancelScope(shield=True):
+                    await self.flush()
+        finally:
+            # Whatever stopped us (a database failure, the daemon's cancellation), nobody waits forever.
+            self._stopped = True
+            pending, self._pending = self._pending, []
+            for _, done, _box in pending:
+                done.set()
 
     async def flush(self) -> None:
         while self._pending:
             group, self._pending = self._pending, []
             outcomes = [item[0] for item in group]
             claim_args = self._claim_args() if any(_frees_slot(o) for o in outcomes) else None
-            recorded: Recorded = await self._lane.run(self._store.record, outcomes, **(claim_args or {}))
+            try:
+                recorded: Recorded = await self._lane.run(self._store.record, outcomes, **(claim_args or {}))
+            except BaseException:
+                self._pending = group + self._pending  # still unwritten: woken as such by run()
+                raise
             freed = False
-            for (outcome, done, result), applied in zip(group, recorded.applied, strict=True):
-                result[0] = applied
-                if _frees_slot(outcome) or not applied:
-                    freed = True
+            for (outcome, done, box), written in zip(group, recorded.written, strict=True):
+                box[0] = written
+                # A refused outcome frees nothing of ours (whoever took the row over freed the slot)
+                # but still means this executor stops: wake the claim loop all the same.
+                freed = freed or written is not Written.APPLIED or _frees_slot(outcome)
+                if written is Written.CANCELED or (written is Written.APPLIED and _frees_slot(outcome)):
                     request = outcome.request
                     events.released(
                         request.id,

@@ -17,13 +17,15 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+from sqlalchemy.exc import DBAPIError
 
 from adapters.base import Adapter
 from adapters.registry import make_adapter
 from ledger import events
 from ledger.executor import CallContext, execute
+from ledger.record import RecorderStopped, one_line
 from ledger.settings import Settings
-from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed
+from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed, ReleasedRows
 from ledger.waits import first_done
 
 LOG = logging.getLogger("ledger.scheduler")
@@ -50,6 +52,9 @@ class Scheduler:
         self._all_done = anyio.Event()
         self._all_done.set()
         self._tg: TaskGroup | None = None
+        # Requests this process is working on (calling, or holding through a back-off): the only
+        # leases it renews. Anything else under its name in the database is left to expire.
+        self._held: set[int] = set()
         self._stopping = False
         self._last_reclaim = -float("inf")
         self.limits: dict[str, Any] = {
@@ -75,9 +80,12 @@ class Scheduler:
         return {**self.limits, "reclaim": reclaim}
 
     def slot_freed(self, claim: Claim | None = None) -> None:
+        """Slots came free. With the claim the recorder made in the same transaction, they are
+        already refilled as far as the limits allow; without one, the claim loop claims."""
         if claim is not None and self._tg is not None:
             self._accept(claim, self._tg)
-        self._wake.set()
+        else:
+            self._wake.set()
 
     async def adapter_for(self, provider: str) -> Adapter:
         """The provider's adapter, built once, off the event loop.
@@ -107,19 +115,39 @@ class Scheduler:
 
     def _accept(self, claim: Claim, tg: TaskGroup) -> int:
         """Announce and start what a claim took; returns how many."""
-        if claim.reclaimed:
-            self.state.reclaimed_total += claim.reclaimed
-            LOG.warning("reclaimed expired leases", extra={"details": {"count": claim.reclaimed}})
+        if claim.reclaimed.requests:
+            self.state.reclaimed_total += len(claim.reclaimed.requests)
+            self.announce_released(claim.reclaimed, "reclaimed expired leases")
         first = claim.active_slots - len(claim.requests)
         for i, request in enumerate(claim.requests, start=1):
             events.acquired(request.id, request.agent, request.dimension, first + i)
             self._start(tg, request)
         return len(claim.requests)
 
+    @staticmethod
+    def announce_released(released: ReleasedRows, why: str) -> None:
+        """`released` events for slots freed without an outcome of ours (reclaim, restart, stop)."""
+        for request in released.requests:
+            events.released(
+                request.id, request.agent, request.dimension, released.active_slots, ts=released.ts_before_commit
+            )
+        if released.requests:
+            ids = [r.id for r in released.requests]
+            LOG.warning(why, extra={"details": {"count": len(ids), "request_ids": ids[:50]}})
+
     async def run(self, tg: TaskGroup, *, until_idle: bool, stop: anyio.Event) -> None:
         """Claim and start work until `stop` is set (or, with until_idle, nothing is left)."""
         self._tg = tg
         await self.ctx.lane.run(self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds)
+        # A previous process under this worker id (a restart with a fixed --worker-id) left these
+        # claimed: nobody is calling them, so they go back now rather than when their leases expire.
+        leftover = await self.ctx.lane.run(
+            self.ctx.store.release_worker,
+            self.worker_id,
+            self.settings.retry_max_attempts,
+            "a previous process with this worker id stopped before the call finished",
+        )
+        self.announce_released(leftover, "released what a previous process with this worker id held")
         await self.warm_adapters()
         try:
             await self._claim_loop(tg, until_idle=until_idle, stop=stop)
@@ -137,6 +165,7 @@ class Scheduler:
                 await first_done(self._wake.wait, stop.wait)
 
     def _start(self, tg: TaskGroup, request: ClaimedRequest) -> None:
+        self._held.add(request.id)
         self.state.in_flight += 1
         self.state.claimed_total += 1
         self._all_done = anyio.Event()
@@ -161,11 +190,16 @@ class Scheduler:
                 )
                 return
             await execute(request, adapter, self.ctx)
+        except RecorderStopped:
+            return  # the recorder's own failure stops the daemon; this request's lease will expire
         finally:
+            self._held.discard(request.id)
             self.state.in_flight -= 1
+            # The slot this request freed was refilled by the recorder's claim (or, when freed
+            # outside an outcome, `slot_freed` woke the loop): only "all done" is news here.
             if self.state.in_flight == 0:
                 self._all_done.set()
-            self._wake.set()
+                self._wake.set()
 
     async def wait_all_done(self) -> None:
         await self._all_done.wait()
@@ -173,8 +207,15 @@ class Scheduler:
     async def renew_leases(self) -> None:
         """Heartbeat and keep our leases alive through calls, back-offs and the shutdown grace.
 
-        Runs until the daemon cancels it; a dead process simply stops renewing.
+        Runs until the daemon cancels it; a dead process simply stops renewing. A
+        renewal the database refuses (past the lane's retries) is logged and tried
+        again next round: a lease lost meanwhile is fenced, never double-written.
         """
         while True:
             await anyio.sleep(self.settings.lease_seconds / 3)
-            await self.ctx.lane.run(self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds)
+            try:
+                await self.ctx.lane.run(
+                    self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds, sorted(self._held)
+                )
+            except DBAPIError as exc:
+                LOG.error("could not renew leases", extra={"details": {"error": one_line(exc)}})

@@ -73,6 +73,7 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=30.0, alias="LEDGER_LEASE_SECONDS", gt=0)
     poll_interval: float = Field(default=0.5, alias="LEDGER_POLL_INTERVAL", gt=0)
     shutdown_grace: float = Field(default=10.0, alias="LEDGER_SHUTDOWN_GRACE", ge=0)
+    db_retry_seconds: float = Field(default=60.0, alias="LEDGER_DB_RETRY_SECONDS", ge=0)
     provider_batch_size: int = Field(default=1000, alias="LEDGER_PROVIDER_BATCH_SIZE", ge=1, le=50000)
     provider_batch_wait: float = Field(default=60.0, alias="LEDGER_PROVIDER_BATCH_WAIT", ge=0)
     job_capacity: int = Field(default=4, alias="LEDGER_JOB_CAPACITY", ge=1)

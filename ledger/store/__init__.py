@@ -18,9 +18,9 @@ class Store(QueueQueries, AuditQueries):
     engine: Engine
     dialect: Dialect
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, ping_on_checkout: bool = True) -> None:
         self.url = url
-        self.engine, self.dialect = open_engine(url)
+        self.engine, self.dialect = open_engine(url, ping_on_checkout=ping_on_checkout)
 
     def close(self) -> None:
         self.engine.dispose()

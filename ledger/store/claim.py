@@ -15,17 +15,18 @@ the database's own work.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, func, insert, literal, select, union_all, update
+from sqlalchemy import Select, and_, bindparam, case, func, insert, literal, or_, select, union_all, update
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import AttemptOutcome, Delivery, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.dialect import Dialect, db_now, db_now_plus
-from ledger.store.rows import Claim, ClaimedRequest, ReleasedRows
+from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
 attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
@@ -33,6 +34,8 @@ workers = LlmWorker.__table__  # type: ignore[attr-defined]
 
 RUNNING = RequestStatus.RUNNING.value
 QUEUED = RequestStatus.QUEUED.value
+CANCELED = RequestStatus.CANCELED.value
+ERROR = RequestStatus.ERROR.value
 # How many candidates to read per free slot: some may belong to pools that fill up.
 _CANDIDATES_PER_SLOT = 4
 
@@ -138,9 +141,12 @@ class ClaimQueries:
         max_attempts: int,
         max_claims: int,
         reclaim: bool = True,
+        serialized: bool = False,
     ) -> Claim:
-        self.dialect.serialize_claimers(conn)
-        reclaimed = self._reclaim_expired(conn, max_attempts) if reclaim else 0
+        if not serialized:  # the caller may already hold the claim lock for this transaction
+            self.dialect.serialize_claimers(conn)
+        reclaimed_rows = self._reclaim_expired(conn, max_attempts) if reclaim else []
+        reclaim_ts = time.time()
         in_flight: dict[str, int] = {}
         state = {_LIVE_WORKERS: 0, _MINE: 0}
         for endpoint, n in conn.execute(_CLAIM_STATE, {"b_since": -lease_seconds, "b_worker": worker}):
@@ -149,6 +155,7 @@ class ClaimQueries:
             else:
                 in_flight[endpoint] = n
         total = sum(in_flight.values())
+        reclaimed = ReleasedRows(reclaimed_rows, total, reclaim_ts) if reclaimed_rows else NOTHING_RELEASED
         # Several daemons share the global limit fairly: each holds at most its share.
         share = -(-global_limit // max(state[_LIVE_WORKERS], 1))
         free_total = min(global_limit - total, max_claims, share - state[_MINE])
@@ -185,27 +192,13 @@ class ClaimQueries:
         order = {request_id: i for i, request_id in enumerate(picked)}
         return Claim(sorted(claimed, key=lambda r: order[r.id]), total + len(claimed), reclaimed)
 
-    def _reclaim_expired(self, conn: Connection, max_attempts: int) -> int:
-        """Put the rows of dead workers back in the queue (or end them if out of attempts)."""
-        expired = _requeue(
+    def _reclaim_expired(self, conn: Connection, max_attempts: int) -> list[ClaimedRequest]:
+        """End the leases of dead workers: back to the queue, or canceled / spent (see `_end_leases`)."""
+        return _end_leases(
             conn,
             and_(_c.status == RUNNING, _c.lease_expires_at < db_now()),
-            "lease expired: the worker stopped renewing it",
+            LeaseEnd("lease_expired", "lease expired: the worker stopped renewing it", max_attempts),
         )
-        spent = [row.id for row in expired if row.attempts >= max_attempts]
-        if spent:
-            conn.execute(
-                update(requests)
-                .where(_c.id.in_(spent))
-                .values(
-                    status=RequestStatus.ERROR.value,
-                    error_code="lease_expired",
-                    error_message=f"worker lost during attempt {max_attempts} of {max_attempts}",
-                    completed_at=db_now(),
-                    updated_at=db_now(),
-                )
-            )
-        return len(expired)
 
     def _active(self, conn: Connection) -> int:
         return int(conn.execute(_ACTIVE).scalar_one())
@@ -217,42 +210,76 @@ class ClaimQueries:
         with self.engine.begin() as conn:
             conn.execute(workers.delete().where(workers.c.worker_id == worker))
 
-    def renew_leases(self, worker: str, lease_seconds: float) -> int:
-        """Heartbeat (for fair shares) and extend every lease this worker holds."""
+    def renew_leases(self, worker: str, lease_seconds: float, held: Collection[int] = ()) -> int:
+        """Heartbeat (for fair shares) and extend the leases of the requests this worker is working on.
+
+        Only `held`, never "every row with my name": a row the worker holds in the
+        database without knowing it (a claim whose commit reply was lost, or a
+        previous process under the same worker id) must expire and be reclaimed,
+        not be kept alive forever with nobody calling it.
+        """
         with self.engine.begin() as conn:
             conn.execute(self.dialect.upsert(workers, ["worker_id"], {"worker_id": worker}, {"heartbeat_at": db_now()}))
+            if not held:
+                return 0
             result = conn.execute(
                 update(requests)
-                .where(_c.lease_owner == worker, _c.status == RUNNING)
+                .where(_c.id.in_(list(held)), _c.lease_owner == worker, _c.status == RUNNING)
                 .values(lease_expires_at=db_now_plus(lease_seconds))
             )
             return int(result.rowcount)
 
-    def release_worker(self, worker: str) -> ReleasedRows:
-        """A stopping worker gives every slot it still holds back to the queue.
-
-        A call that was cut off is marked `lost` (see `_requeue`).
-        """
+    def release_worker(self, worker: str, max_attempts: int, why: str | None = None) -> ReleasedRows:
+        """Give back every slot held under `worker`: a stopping daemon's cut-off calls, or at start,
+        what a previous process with the same worker id left behind (see `_end_leases`)."""
         with self.engine.begin() as conn:
-            rows = _requeue(
+            rows = _end_leases(
                 conn,
                 and_(_c.lease_owner == worker, _c.status == RUNNING),
-                "worker stopped before the call finished",
+                LeaseEnd("worker_stopped", why or "worker stopped before the call finished", max_attempts),
             )
             active = self._active(conn)
             ts = time.time()
-        return ReleasedRows([to_claimed(r) for r in rows], active, ts)
+        return ReleasedRows(rows, active, ts)
 
 
-def _requeue(conn: Connection, which: Any, why_lost: str) -> list[Any]:
-    """Put claimed rows back in the queue and close their open attempts as `lost` (maybe paid for).
+@dataclass(frozen=True)
+class LeaseEnd:
+    """Why leases are being ended without an outcome, for the rows and attempts it touches."""
 
-    The attempt counter keeps the lost attempt, so the next claim continues with the next number.
+    spent_code: str  # error_code of a request that has no attempt left
+    why_lost: str  # error_message of the cut-off attempt
+    max_attempts: int
+
+
+def _end_leases(conn: Connection, which: Any, end: LeaseEnd) -> list[ClaimedRequest]:
+    """End the leases of claimed rows whose call has no outcome (worker dead, stopped or restarted).
+
+    Each row ends one way, decided in the one UPDATE: `canceled` if a cancel was
+    waiting for its call, `error` if the cut-off call was its last attempt
+    (RETRY_MAX_ATTEMPTS bounds paid calls however often a worker dies), otherwise
+    back to `queued`. The open attempt becomes `lost` (it may have been paid for);
+    the attempt counter keeps it, so the next claim continues with the next number.
     """
+    canceled = _c.cancel_requested_at.is_not(None)
+    spent = _c.attempts >= end.max_attempts
+    ending = case((canceled, CANCELED), (spent, ERROR), else_=QUEUED)
     rows = conn.execute(
         update(requests)
         .where(which)
-        .values(status=QUEUED, lease_owner=None, lease_expires_at=None, updated_at=db_now())
+        .values(
+            status=ending,
+            lease_owner=None,
+            lease_expires_at=None,
+            error_code=case((canceled, "canceled"), (spent, end.spent_code), else_=_c.error_code),
+            error_message=case(
+                (canceled, "canceled while a call was in flight; the call never reported back"),
+                (spent, f"{end.why_lost}, during the last of {end.max_attempts} attempts"),
+                else_=_c.error_message,
+            ),
+            completed_at=case((or_(canceled, spent), db_now()), else_=_c.completed_at),
+            updated_at=db_now(),
+        )
         .returning(*CLAIMED_COLUMNS)
     ).all()
     if rows:
@@ -262,6 +289,6 @@ def _requeue(conn: Connection, which: Any, why_lost: str) -> list[Any]:
                 attempts.c.request_id.in_([r.id for r in rows]),
                 attempts.c.outcome == AttemptOutcome.RUNNING.value,
             )
-            .values(outcome=AttemptOutcome.LOST.value, finished_at=db_now(), error_message=why_lost)
+            .values(outcome=AttemptOutcome.LOST.value, finished_at=db_now(), error_message=end.why_lost)
         )
-    return list(rows)
+    return [to_claimed(r) for r in rows]

@@ -16,11 +16,13 @@ constructs defined here:
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from sqlalchemy import DateTime, Table, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import expression
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -89,13 +91,20 @@ class Dialect:
         return stmt
 
     def upsert(
-        self, table: Table, conflict_columns: list[str], values: dict[str, Any], updates: dict[str, Any]
+        self,
+        table: Table,
+        conflict_columns: list[str],
+        values: dict[str, Any],
+        updates: dict[str, Any],
+        on_conflict: dict[str, Any] | None = None,
     ) -> Insert:
+        """INSERT `values` + `updates`; on a key conflict, SET `updates` (+ `on_conflict`,
+        expressions over the existing row, evaluated under its row lock)."""
         module = postgresql if self.name == "postgresql" else sqlite
         stmt: Insert = (
             module.insert(table)
             .values(**values, **updates)
-            .on_conflict_do_update(index_elements=conflict_columns, set_=updates)
+            .on_conflict_do_update(index_elements=conflict_columns, set_={**updates, **(on_conflict or {})})
         )
         return stmt
 
@@ -103,6 +112,23 @@ class Dialect:
         if self.name == "postgresql":
             return stmt.with_for_update(skip_locked=True)
         return stmt
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error worth trying the whole transaction again for.
+
+    PostgreSQL: a lost or refused connection (a server restart, a terminated
+    backend), a deadlock or serialization failure. SQLite: a locked database. Not:
+    a missing table, a constraint violation, bad SQL (SQLite reports some of
+    those as OperationalError too, hence the check of its message).
+    """
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    if isinstance(exc.orig, sqlite3.OperationalError):
+        return any(word in str(exc.orig) for word in ("locked", "busy"))
+    return isinstance(exc, OperationalError | InterfaceError)
 
 
 def configure_engine(engine: Engine) -> Dialect:

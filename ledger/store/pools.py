@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from ledger.models import LlmPool, LlmRequest, RequestStatus
@@ -54,15 +54,37 @@ def read_state(conn: Connection, configured: Callable[[str], int]) -> tuple[set[
     return cooling, learned
 
 
-def note_rate_limited(conn: Connection, dialect: Dialect, endpoint: str, cooldown_s: float | None) -> None:
-    """One 429 from `endpoint`: lower its learned limit by one; cool it down if told how long."""
-    current = _learned_limit(conn, endpoint)
-    if current is None:
-        current = _running_in(conn, endpoint)
-    values: dict[str, Any] = {"learned_limit": max(1, current - 1), "successes": 0, "updated_at": db_now()}
+def note_rate_limited(
+    conn: Connection, dialect: Dialect, endpoint: str, count: int = 1, cooldown_s: float | None = None
+) -> None:
+    """`count` 429s from `endpoint`: lower its learned limit by that many; cool it down if told how long.
+
+    One statement, read and write together: two daemons noting a 429 at the same
+    moment each take their decrement (a read followed by a write would lose one).
+    A pool with no learned limit yet starts from the requests it has in flight.
+    """
+    lowered = _at_least_one(func.coalesce(pools.c.learned_limit, _running_in_sql(endpoint)) - count)
+    values: dict[str, Any] = {"successes": 0, "updated_at": db_now()}
     if cooldown_s:
         values["cooldown_until"] = db_now_plus(cooldown_s)
-    conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
+    first = {"learned_limit": _at_least_one(_running_in_sql(endpoint) - count)}
+    conn.execute(
+        dialect.upsert(
+            pools, ["endpoint"], {"endpoint": endpoint, **first}, values, on_conflict={"learned_limit": lowered}
+        )
+    )
+
+
+def _at_least_one(expr: Any) -> Any:
+    return case((expr < 1, 1), else_=expr)
+
+
+def _running_in_sql(endpoint: str) -> Any:
+    return (
+        select(func.count())
+        .where(requests.c.endpoint == endpoint, requests.c.status == RequestStatus.RUNNING.value)
+        .scalar_subquery()
+    )
 
 
 def note_successes(conn: Connection, endpoints: Iterable[str], probe_seconds: float) -> None:
@@ -100,10 +122,4 @@ def _learned_limit(conn: Connection, endpoint: str) -> int | None:
 
 def _running_in(conn: Connection, endpoint: str) -> int:
     """The pool's occupied slots."""
-    return int(
-        conn.execute(
-            select(func.count()).where(
-                requests.c.endpoint == endpoint, requests.c.status == RequestStatus.RUNNING.value
-            )
-        ).scalar_one()
-    )
+    return int(conn.execute(select(_running_in_sql(endpoint))).scalar_one())

@@ -21,7 +21,7 @@ from ledger.models import AttemptOutcome, Delivery, Job, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
 from ledger.store.dialect import db_now, db_now_plus
-from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater
+from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater, Written
 
 jobs = Job.__table__  # type: ignore[attr-defined]
 # New rows reported back for per-request events; beyond this an enqueue reports counts only,
@@ -31,12 +31,24 @@ KEEP_INSERTED_MAX = 10_000
 
 @dataclass(frozen=True)
 class NextAttempt:
-    """What `begin_attempt` decided: go on with attempt `number`, or the slot is free now."""
+    """What `begin_attempt` decided: go on with attempt `number`, or stop calling."""
 
     number: int | None
     active_slots: int
     ts_before_commit: float
-    yielded: bool = False
+    yielded: bool = False  # gave the slot back to the queue (pool over its learned limit)
+    canceled: bool = False  # a cancel came during the back-off: the request ended here
+
+    @property
+    def freed_slot(self) -> bool:
+        """This transaction freed the slot (False when the row was taken over: not ours to free)."""
+        return self.yielded or self.canceled
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    canceled: int  # were waiting: canceled at once
+    in_flight: int  # calls under way: each ends `canceled` when it returns, keeping its slot till then
 
 
 @dataclass(frozen=True)
@@ -103,12 +115,20 @@ def _attempt_values(o: Outcome) -> dict[str, Any]:
     }
 
 
-def _fenced_update() -> Any:
+def _fenced_update(*, canceling: bool = False) -> Any:
+    """UPDATE of a row this lease still holds: same token, still `running`.
+
+    Live rows (no cancel waiting) get the outcome as reported; rows whose cancel
+    is waiting for this call (`canceling=True`) end `canceled` instead.
+    """
     c = requests.c
-    return update(requests).where(c.id == bindparam("b_id"), c.lease_token == bindparam("b_token"), c.status == RUNNING)
+    waiting = c.cancel_requested_at.is_not(None) if canceling else c.cancel_requested_at.is_(None)
+    return update(requests).where(
+        c.id == bindparam("b_id"), c.lease_token == bindparam("b_token"), c.status == RUNNING, waiting
+    )
 
 
-_FENCE_STATE = select(requests.c.id, requests.c.lease_token, requests.c.status).where(
+_FENCE_STATE = select(requests.c.id, requests.c.lease_token, requests.c.status, requests.c.cancel_requested_at).where(
     requests.c.id.in_(bindparam("b_ids", expanding=True))
 )
 _FINAL = {"completed_at": db_now(), "lease_owner": None, "lease_expires_at": None, "updated_at": db_now()}
@@ -119,17 +139,16 @@ _RETRY = {
     "error_message": bindparam("b_message"),
     "updated_at": db_now(),
 }
+_OUTPUT: dict[str, Any] = {
+    "raw_output": bindparam("b_raw"),
+    "input_tokens": bindparam("b_in"),
+    "output_tokens": bindparam("b_out"),
+    "latency_ms": bindparam("b_latency"),
+    "last_status_code": bindparam("b_status"),
+}
 _REQUEST_UPDATES = {
     "completed": _fenced_update().values(
-        status=RequestStatus.COMPLETED.value,
-        raw_output=bindparam("b_raw"),
-        input_tokens=bindparam("b_in"),
-        output_tokens=bindparam("b_out"),
-        latency_ms=bindparam("b_latency"),
-        last_status_code=bindparam("b_status"),
-        error_code=None,
-        error_message=None,
-        **_FINAL,
+        status=RequestStatus.COMPLETED.value, error_code=None, error_message=None, **_OUTPUT, **_FINAL
     ),
     "failed": _fenced_update().values(
         status=RequestStatus.ERROR.value,
@@ -141,6 +160,20 @@ _REQUEST_UPDATES = {
     ),
     "retry_hold": _fenced_update().values(**_RETRY),
     "retry_release": _fenced_update().values(status=QUEUED, lease_owner=None, lease_expires_at=None, **_RETRY),
+}
+# A cancel was waiting for this call: the request ends `canceled`, and what the call
+# returned is kept beside it (it was paid for), never presented as `completed`.
+_CANCELED_IN_FLIGHT = {
+    "status": RequestStatus.CANCELED.value,
+    "error_code": "canceled",
+    "error_message": "canceled while a call was in flight",
+    **_FINAL,
+}
+_CANCEL_UPDATES = {
+    "completed": _fenced_update(canceling=True).values(**_OUTPUT, **_CANCELED_IN_FLIGHT),
+    "other": _fenced_update(canceling=True).values(
+        last_status_code=bindparam("b_status", required=False), **_CANCELED_IN_FLIGHT
+    ),
 }
 
 
@@ -222,56 +255,80 @@ class QueueQueries(ClaimQueries):
     def record(self, outcomes: list[Outcome], claim_for: str | None = None, **limits: Any) -> Recorded:
         """Write a group of outcomes in one transaction (group commit), set-based.
 
-        One executemany per kind of change, then one read that tells, per outcome,
-        whether its fenced update took effect (same token, expected status). The
-        timestamp taken just before the commit is returned so that `released`
-        events are stamped no later than the slots really became free.
+        One executemany per kind of change; when every fenced update matched its
+        row (the usual case) nothing more is read. Otherwise each outcome is sorted
+        out: a row whose cancel was waiting for this call ends `canceled`, a row
+        taken over by another lease is left alone (`REFUSED`). The timestamp taken
+        just before the commit is returned so that `released` events are stamped
+        no later than the slots really became free.
 
         With `claim_for` (a worker id) the slots freed here are claimed again in
-        the same transaction: one commit per round instead of two.
+        the same transaction: one commit per round instead of two. The claim lock
+        is then taken *first*: taken after the row locks, it would deadlock with a
+        claimer that holds it and waits for those rows while reclaiming.
         """
         with self.engine.begin() as conn:
+            if claim_for:
+                self.dialect.serialize_claimers(conn)
             conn.execute(_FINISH_ATTEMPT, [_attempt_values(o) for o in outcomes])
             matched = 0
             for kind, stmt in _REQUEST_UPDATES.items():
                 params = [_request_values(o) for o in outcomes if _kind(o) == kind]
                 if params:
                     matched += conn.execute(stmt, params).rowcount
-            for o in outcomes:
-                if isinstance(o, RetryLater) and o.failure.status_code == 429:
-                    pool_state.note_rate_limited(conn, self.dialect, o.request.endpoint, o.pool_cooldown_s)
+            if matched == len(outcomes) and conn.dialect.supports_sane_multi_rowcount:
+                written = [Written.APPLIED] * len(outcomes)
+            else:
+                written = self._sort_out(conn, outcomes)
+            for endpoint, (count, cooldown) in sorted(_rate_limited(outcomes).items()):
+                pool_state.note_rate_limited(conn, self.dialect, endpoint, count, cooldown)
             succeeded = [
-                o.request.endpoint for o in outcomes if isinstance(o, Completed) and o.request.endpoint in self.learning
+                o.request.endpoint
+                for o, w in zip(outcomes, written, strict=True)
+                if w is Written.APPLIED and isinstance(o, Completed) and o.request.endpoint in self.learning
             ]
             if succeeded:
                 pool_state.note_successes(conn, succeeded, self.pool_probe_seconds)
-            if matched == len(outcomes) and conn.dialect.supports_sane_multi_rowcount:
-                applied = [True] * len(outcomes)  # every fenced update matched its row
-            else:
-                now = {
-                    row.id: (row.lease_token, row.status)
-                    for row in conn.execute(_FENCE_STATE, {"b_ids": [o.request.id for o in outcomes]})
-                }
-                applied = [now.get(o.request.id) == (o.request.token, _EXPECTED_STATUS[_kind(o)]) for o in outcomes]
             if claim_for:
-                claim = self._claim_in(conn, claim_for, **limits)
+                claim = self._claim_in(conn, claim_for, serialized=True, **limits)
                 active = claim.active_slots - len(claim.requests)
             else:
                 claim, active = None, self._active(conn)
             ts = time.time()
-        return Recorded(applied, active, ts, claim)
+        return Recorded(written, active, ts, claim)
+
+    def _sort_out(self, conn: Connection, outcomes: list[Outcome]) -> list[Written]:
+        """Per outcome, after the live updates: applied, ended by a waiting cancel, or refused."""
+        state = {row.id: row for row in conn.execute(_FENCE_STATE, {"b_ids": [o.request.id for o in outcomes]})}
+        written = []
+        for o in outcomes:
+            row = state.get(o.request.id)
+            if row is None or row.lease_token != o.request.token:
+                written.append(Written.REFUSED)
+            elif row.cancel_requested_at is None and row.status == _EXPECTED_STATUS[_kind(o)]:
+                written.append(Written.APPLIED)
+            elif row.status == RUNNING and row.cancel_requested_at is not None:
+                stmt = _CANCEL_UPDATES["completed" if isinstance(o, Completed) else "other"]
+                ended = conn.execute(stmt, _request_values(o)).rowcount
+                written.append(Written.CANCELED if ended else Written.REFUSED)
+            else:
+                written.append(Written.REFUSED)
+        return written
 
     def _fenced(self, request: ClaimedRequest) -> Any:
         c = requests.c
-        return and_(c.id == request.id, c.lease_token == request.token, c.status == RUNNING)
+        return and_(
+            c.id == request.id, c.lease_token == request.token, c.status == RUNNING, c.cancel_requested_at.is_(None)
+        )
 
     def begin_attempt(self, request: ClaimedRequest) -> NextAttempt:
         """After a held back-off: count the next attempt durably before making it.
 
         The slot is given back instead (`yielded`) when the pool is now over its
         learned limit: requests that waited out a 429 must not all retry at once
-        into an endpoint that has just shown it serves fewer. `number` is None when
-        the row is no longer ours (canceled, or taken over while we slept).
+        into an endpoint that has just shown it serves fewer. A cancel that came
+        during the back-off ends the request here (`canceled`). `number` is None
+        in those cases, and when the row is no longer ours (taken over while we slept).
         """
         c = requests.c
         with self.engine.begin() as conn:
@@ -287,47 +344,62 @@ class QueueQueries(ClaimQueries):
                         updated_at=db_now(),
                     )
                 ).rowcount
-                return NextAttempt(None, self._active(conn), time.time(), yielded=bool(gave_back))
-            number = conn.execute(
-                update(requests)
-                .where(self._fenced(request))
-                .values(attempts=c.attempts + 1, updated_at=db_now())
-                .returning(c.attempts, c.lease_owner)
-            ).first()
-            if number is None:
-                return NextAttempt(None, self._active(conn), time.time())
-            conn.execute(
-                START_ATTEMPT,
-                {
-                    "request_id": request.id,
-                    "attempt": number.attempts,
-                    "worker": number.lease_owner,
-                    "outcome": AttemptOutcome.RUNNING.value,
-                },
-            )
-            return NextAttempt(int(number.attempts), 0, 0.0)
+                if gave_back:
+                    return NextAttempt(None, self._active(conn), time.time(), yielded=True)
+            else:
+                number = conn.execute(
+                    update(requests)
+                    .where(self._fenced(request))
+                    .values(attempts=c.attempts + 1, updated_at=db_now())
+                    .returning(c.attempts, c.lease_owner)
+                ).first()
+                if number is not None:
+                    conn.execute(
+                        START_ATTEMPT,
+                        {
+                            "request_id": request.id,
+                            "attempt": number.attempts,
+                            "worker": number.lease_owner,
+                            "outcome": AttemptOutcome.RUNNING.value,
+                        },
+                    )
+                    return NextAttempt(int(number.attempts), 0, 0.0)
+            ended = conn.execute(_CANCEL_UPDATES["other"], {"b_id": request.id, "b_token": request.token}).rowcount
+            return NextAttempt(None, self._active(conn), time.time(), canceled=bool(ended))
 
-    def cancel(self, *, ids: list[int] | None = None, job_id: str | None = None) -> int:
-        """Cancel requests not yet final; a call already running is fenced out when it ends."""
+    def cancel(self, *, ids: list[int] | None = None, job_id: str | None = None) -> CancelResult:
+        """Cancel requests that are not final yet.
+
+        A request waiting in the queue ends `canceled` at once. One whose call is
+        in flight keeps its slot (the provider is still working on it, and a slot
+        freed now would let another call start beside it): it is marked, and ends
+        `canceled` when its call returns or its lease expires.
+        """
         c = requests.c
-        where = [c.status.in_([QUEUED, RUNNING, RequestStatus.SUBMITTED.value])]
+        where = []
         if ids is not None:
             where.append(c.id.in_(ids))
         if job_id is not None:
             where.append(c.job_id == job_id)
         with self.engine.begin() as conn:
-            result = conn.execute(
+            now = conn.execute(
                 update(requests)
-                .where(*where)
+                .where(*where, c.status.in_([QUEUED, RequestStatus.SUBMITTED.value]))
                 .values(
                     status=RequestStatus.CANCELED.value,
+                    cancel_requested_at=db_now(),
                     lease_owner=None,
                     lease_expires_at=None,
                     completed_at=db_now(),
                     updated_at=db_now(),
                 )
-            )
-            return int(result.rowcount)
+            ).rowcount
+            in_flight = conn.execute(
+                update(requests)
+                .where(*where, c.status == RUNNING, c.cancel_requested_at.is_(None))
+                .values(cancel_requested_at=db_now(), updated_at=db_now())
+            ).rowcount
+            return CancelResult(int(now), int(in_flight))
 
     def has_online_work(self) -> bool:
         """Anything queued (due or not) or in flight for the online path."""
@@ -343,3 +415,17 @@ class QueueQueries(ClaimQueries):
     def _online_work(column: Any) -> Any:
         c = requests.c
         return select(column).where(c.delivery == Delivery.ONLINE.value, c.status.in_([QUEUED, RUNNING]))
+
+
+def _rate_limited(outcomes: list[Outcome]) -> dict[str, tuple[int, float | None]]:
+    """Per endpoint that answered 429 in this group: how many 429s, and the longest cooldown asked for.
+
+    Every 429 counts, whatever became of its row: it is what the provider said about the pool.
+    """
+    found: dict[str, tuple[int, float | None]] = {}
+    for o in outcomes:
+        if isinstance(o, RetryLater) and o.failure.status_code == 429:
+            count, cooldown = found.get(o.request.endpoint, (0, None))
+            asked = [x for x in (cooldown, o.pool_cooldown_s) if x]
+            found[o.request.endpoint] = (count + 1, max(asked) if asked else None)
+    return found

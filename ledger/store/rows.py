@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 
@@ -33,12 +34,25 @@ class ClaimedRequest:
 
 
 @dataclass(frozen=True)
+class ReleasedRows:
+    """Slots given up in one transaction, for the `released` events that follow its commit."""
+
+    requests: list[ClaimedRequest]
+    active_slots: int  # in flight across every worker once they were given up
+    ts_before_commit: float
+
+
+NOTHING_RELEASED = ReleasedRows([], 0, 0.0)
+
+
+@dataclass(frozen=True)
 class Claim:
     """What one claim transaction did."""
 
     requests: list[ClaimedRequest]
     active_slots: int  # requests in flight across every worker, after the claim
-    reclaimed: int = 0  # expired leases of dead workers put back in the queue
+    # Expired leases of dead workers ended in the same transaction (requeued, canceled or spent).
+    reclaimed: ReleasedRows = field(default=NOTHING_RELEASED)
 
 
 @dataclass(frozen=True)
@@ -92,20 +106,24 @@ class RetryLater:
 Outcome = Completed | Failed | RetryLater
 
 
+class Written(Enum):
+    """What became of one outcome the recorder wrote."""
+
+    APPLIED = "applied"  # written as reported
+    CANCELED = "canceled"  # a cancel was waiting for this call: the request ended `canceled` here
+    REFUSED = "refused"  # the row is no longer this lease's (taken over): nothing changed
+
+    @property
+    def ours(self) -> bool:
+        """This write changed the row (and, unless it holds the slot for a retry, freed it)."""
+        return self is not Written.REFUSED
+
+
 @dataclass(frozen=True)
 class Recorded:
     """What recording a group of outcomes did, for the events that follow the commit."""
 
-    applied: list[bool]  # per outcome: False when the fencing token or a cancel refused it
+    written: list[Written]  # per outcome
     active_slots: int  # in flight after the outcomes, before any claim made in the same transaction
     ts_before_commit: float
     claim: Claim | None = None
-
-
-@dataclass(frozen=True)
-class ReleasedRows:
-    """Rows a stopping worker gave back to the queue."""
-
-    requests: list[ClaimedRequest]
-    active_slots: int
-    ts_before_commit: float

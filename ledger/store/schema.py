@@ -59,7 +59,11 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
-def make_engine(url: str) -> tuple[Engine, Dialect]:
+def make_engine(url: str, *, ping_on_checkout: bool = True) -> tuple[Engine, Dialect]:
+    """`ping_on_checkout` tests a pooled PostgreSQL connection before each use, so a long-lived
+    process (a stage holding a `Ledger`) survives a server restart unnoticed. The daemon turns
+    it off: it retries transactions on a dropped connection anyway (`record.DbLane`), and the
+    ping is one more round trip on every claim and outcome."""
     normalized = normalize_url(url)
     kwargs: dict[str, object] = {}
     if normalized.startswith("sqlite"):
@@ -67,7 +71,7 @@ def make_engine(url: str) -> tuple[Engine, Dialect]:
         if database and database != ":memory:":
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     else:
-        kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=True)
+        kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=ping_on_checkout)
     engine = create_engine(normalized, **kwargs)
     return engine, configure_engine(engine)
 
@@ -104,8 +108,8 @@ def upgrade(engine: Engine) -> bool:
                 conn.commit()
 
 
-def open_engine(url: str) -> tuple[Engine, Dialect]:
+def open_engine(url: str, *, ping_on_checkout: bool = True) -> tuple[Engine, Dialect]:
     """An engine on an up-to-date schema."""
-    engine, dialect = make_engine(url)
+    engine, dialect = make_engine(url, ping_on_checkout=ping_on_checkout)
     upgrade(engine)
     return engine, dialect

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -77,6 +78,12 @@ def max_slots_from_log(records: list[dict[str, Any]]) -> int:
         held += 1 if event["event"] == "acquired" else -1
         peak = max(peak, held)
     return peak
+
+
+def balanced(records: list[dict[str, Any]]) -> bool:
+    """Every slot acquired in the log was released in the log (by its daemon, or by whoever reclaimed it)."""
+    counts = Counter(str(e["event"]) for e in records)
+    return counts["acquired"] == counts["released"]
 
 
 def write_requests(path: Path, prompts: list[tuple[str, str, str]], model: str = "gpt-4o-mini") -> Path:

@@ -10,7 +10,8 @@ import pytest
 
 from ledger.enqueue import build_spec, to_row
 from ledger.store import Store
-from ledger.store.rows import AttemptFailure, Completed, RetryLater
+from ledger.store.queue import CancelResult
+from ledger.store.rows import AttemptFailure, Claim, Completed, RetryLater, Written
 
 
 @pytest.fixture
@@ -33,6 +34,12 @@ def add(store: Store, n: int, *, model: str = "m", job: str | None = None, prefi
         )
         for i in range(n)
     )
+
+
+def complete(store: Store, claimed: Claim) -> None:
+    """The calls of `claimed` return: their slots are free."""
+    if claimed.requests:
+        store.record([Completed(r, r.attempt, "ok", 1) for r in claimed.requests])
 
 
 def claim(
@@ -75,14 +82,11 @@ def test_a_saturated_pool_never_blocks_another(store: Store) -> None:
 
 def test_a_small_job_is_not_starved_by_a_huge_one(store: Store) -> None:
     add(store, 200, job="huge", prefix="h")
-    claim(store, limit=4)  # the huge job starts first
+    first = store.claim("w1", lease_seconds=30, global_limit=4, pool_limit=lambda _: 4, max_attempts=3, max_claims=4)
+    assert len(first.requests) == 4  # the huge job starts first
     add(store, 3, job="small", prefix="s")
-    running = {r["id"] for r in store.list_requests(status="running")}
-    completed = store.list_requests(status="running")
-    assert len(completed) == 4
     # Free the slots: the next claims interleave the small job instead of queueing it last.
-    for request_id in running:
-        store.cancel(ids=[request_id])
+    complete(store, first)
     next_ids = claim(store, limit=4)
     jobs = [store.get_request(i)["job_id"] for i in next_ids]  # type: ignore[index]
     assert jobs.count("small") >= 2, jobs
@@ -111,12 +115,13 @@ def test_cancel_wins_over_a_late_completion(store: Store) -> None:
     add(store, 1)
     result = store.claim("w1", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5)
     (request,) = result.requests
-    assert store.cancel(ids=[request.id]) == 1
+    assert store.cancel(ids=[request.id]) == CancelResult(canceled=0, in_flight=1)
     recorded = store.record([Completed(request, 1, "late answer", 10)])
-    assert recorded.applied == [False]
+    assert recorded.written == [Written.CANCELED]
     row = store.get_request(request.id)
-    assert row is not None and row["status"] == "canceled" and row["raw_output"] is None
-    assert row["attempt_rows"][0]["outcome"] == "succeeded"  # the paid call is still on record
+    assert row is not None and row["status"] == "canceled" and row["error_code"] == "canceled"
+    # The paid call is on record, beside the cancel: its output kept, never shown as completed.
+    assert row["raw_output"] == "late answer" and row["attempt_rows"][0]["outcome"] == "succeeded"
 
 
 def test_expired_lease_is_reclaimed_and_the_stale_worker_is_fenced_out(store: Store) -> None:
@@ -126,10 +131,10 @@ def test_expired_lease_is_reclaimed_and_the_stale_worker_is_fenced_out(store: St
     ).requests[0]
     time.sleep(0.1)  # let the database clock pass the lease (the thing under test is expiry)
     new = store.claim("alive", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5)
-    assert new.reclaimed == 1 and [r.id for r in new.requests] == [old.id]
+    assert [r.id for r in new.reclaimed.requests] == [old.id] and [r.id for r in new.requests] == [old.id]
     assert new.requests[0].attempt == 2 and new.requests[0].token > old.token
-    assert store.record([Completed(old, 1, "from the dead", 5)]).applied == [False]
-    assert store.record([Completed(new.requests[0], 2, "fresh", 5)]).applied == [True]
+    assert store.record([Completed(old, 1, "from the dead", 5)]).written == [Written.REFUSED]
+    assert store.record([Completed(new.requests[0], 2, "fresh", 5)]).written == [Written.APPLIED]
     row = store.get_request(old.id)
     assert row is not None and row["raw_output"] == "fresh"
     assert [a["outcome"] for a in row["attempt_rows"]] == ["succeeded", "succeeded"] or row["attempt_rows"][1][
@@ -143,7 +148,7 @@ def test_retry_that_releases_the_slot_waits_for_its_deadline(store: Store) -> No
         "w", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5
     ).requests
     failure = AttemptFailure(None, "timeout", "no answer", 100)
-    assert store.record([RetryLater(request, 1, failure, delay_s=30, hold_slot=False)]).applied == [True]
+    assert store.record([RetryLater(request, 1, failure, delay_s=30, hold_slot=False)]).written == [Written.APPLIED]
     assert store.status_counts()["queued"] == 1
     assert claim(store) == []  # not due for 30 s
     row = store.get_request(request.id)
@@ -172,9 +177,11 @@ def test_two_claimers_in_the_same_moment_never_overshoot(pg_url: str, limit: int
     for _ in range(30):
         barrier = threading.Barrier(2)
 
-        def go(i: int, barrier: threading.Barrier = barrier) -> None:
+        claims: list[Claim] = []
+
+        def go(i: int, barrier: threading.Barrier = barrier, claims: list[Claim] = claims) -> None:
             barrier.wait()
-            stores[i].claim(
+            result = stores[i].claim(
                 f"w{i}",
                 lease_seconds=30,
                 global_limit=limit,
@@ -182,6 +189,7 @@ def test_two_claimers_in_the_same_moment_never_overshoot(pg_url: str, limit: int
                 max_attempts=3,
                 max_claims=limit,
             )
+            claims.append(result)
 
         threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
         for t in threads:
@@ -192,7 +200,8 @@ def test_two_claimers_in_the_same_moment_never_overshoot(pg_url: str, limit: int
         if running > limit:
             overshoot.append(running)
         assert running == limit
-        stores[0].cancel(ids=[r["id"] for r in stores[0].list_requests(status="running")])
+        for claimed in claims:
+            complete(stores[0], claimed)
     assert overshoot == []
     for s in stores:
         s.close()

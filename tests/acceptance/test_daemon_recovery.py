@@ -1,0 +1,133 @@
+"""The daemon when things go wrong around it: cancels mid-call, restarts, a database that drops or fails.
+
+Real processes, real SDKs, the mock provider over HTTP, as in test_daemon.py.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from sqlalchemy import text
+
+from ledger.store import Store
+from tests.acceptance.procs import (
+    LEDGER,
+    balanced,
+    enqueue,
+    events,
+    ledger_env,
+    max_slots_from_log,
+    mock_provider,
+    run_daemon,
+    start_daemon,
+    wait_for,
+    write_requests,
+)
+
+
+def test_canceling_a_call_in_flight_never_lets_another_start_beside_it(sqlite_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "daemon.log"
+    prompts = [("a", f"d{i}", f"cancel me maybe {i}") for i in range(4)]
+    with mock_provider("--latency", "4.0") as mock:  # long enough for the cancel CLI to start up
+        env = ledger_env(sqlite_url, mock, MAX_CONCURRENT_LLM_CALLS=2, LEDGER_POLL_INTERVAL=0.05)
+        enqueue(env, write_requests(tmp_path / "c.jsonl", prompts), "--job", "j")
+        daemon = start_daemon(env, log, "--until-idle")
+        wait_for(lambda: mock.stats()["in_flight"] == 2)
+        store = Store(sqlite_url)
+        victim = store.list_requests(status="running")[0]["id"]
+        out = subprocess.run([*LEDGER, "cancel", str(victim)], env=env, capture_output=True, text=True, check=True)
+        assert "1 with a call in flight end canceled when the call returns" in out.stdout
+        assert daemon.wait(timeout=60) == 0
+        stats = mock.stats()
+    assert stats["max_in_flight"] == 2  # the canceled call kept its slot until the provider answered
+    counts = store.status_counts("j")
+    row = store.get_request(victim)
+    store.close()
+    assert (counts["completed"], counts["canceled"]) == (3, 1)
+    assert row is not None and row["status"] == "canceled" and row["raw_output"]  # the paid answer is kept
+    records = events(log)
+    assert max_slots_from_log(records) == 2 and balanced(records)
+
+
+def test_a_restart_under_the_same_worker_id_resumes_at_once(sqlite_url: str, tmp_path: Path) -> None:
+    """With a fixed --worker-id, the new process takes back what the old one held, without
+    waiting for the leases (600 s here) to run out, and without renewing them for nobody."""
+    log = tmp_path / "daemon.log"
+    prompts = [("a", f"d{i}", f"same worker {i}") for i in range(15)]
+    with mock_provider("--latency", "0.5") as mock:
+        env = ledger_env(sqlite_url, mock, MAX_CONCURRENT_LLM_CALLS=5, LEDGER_LEASE_SECONDS=600)
+        enqueue(env, write_requests(tmp_path / "w.jsonl", prompts))
+        victim = start_daemon(env, log, "--worker-id", "gpu-box-1")
+        wait_for(lambda: mock.stats()["in_flight"] == 5)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        assert run_daemon(env, log, "--worker-id", "gpu-box-1", timeout=60) == 0
+    store = Store(sqlite_url)
+    counts = store.status_counts()
+    with store.engine.connect() as conn:
+        lost = conn.execute(text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'lost'")).scalar_one()
+    store.close()
+    assert counts["completed"] == 15 and lost == 5
+    assert balanced(events(log))
+
+
+def test_the_daemon_rides_out_dropped_database_connections(pg_url: str, tmp_path: Path) -> None:
+    """Backends killed under a running daemon (as a PostgreSQL restart does): retried, nothing lost."""
+    app = f"ledger-{tmp_path.name[-20:]}"
+    url = f"{pg_url}&application_name={app}"
+    log = tmp_path / "daemon.log"
+    prompts = [("a", f"d{i}", f"connection drop {i}") for i in range(60)]
+    with mock_provider("--latency", "0.1") as mock:
+        env = ledger_env(url, mock, MAX_CONCURRENT_LLM_CALLS=5, LEDGER_LEASE_SECONDS=3)
+        enqueue(env, write_requests(tmp_path / "d.jsonl", prompts))
+        daemon = start_daemon(env, log, "--until-idle")
+        wait_for(lambda: mock.stats()["calls"] >= 5)
+        store = Store(pg_url)
+        kill = text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :app")
+
+        def a_transaction_was_retried() -> bool:
+            with store.engine.begin() as conn:
+                conn.execute(kill, {"app": app})
+            return "database unavailable, trying again" in log.read_text()
+
+        wait_for(a_transaction_was_retried, timeout=30, interval=0.02)
+        assert daemon.wait(timeout=120) == 0, log.read_text()[-2000:]
+    counts = store.status_counts()
+    with store.engine.connect() as conn:
+        most_successes = conn.execute(
+            text(
+                "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM llm_attempts"
+                " WHERE outcome = 'succeeded' GROUP BY request_id) s"
+            )
+        ).scalar_one()
+    store.close()
+    assert counts["completed"] == 60 and counts["running"] == 0 and counts["queued"] == 0
+    assert most_successes == 1  # no request was answered and recorded twice
+
+
+def test_a_database_that_fails_for_good_stops_the_daemon_with_one_line(pg_url: str, tmp_path: Path) -> None:
+    prompts = [("a", f"d{i}", f"doomed database {i}") for i in range(40)]
+    with mock_provider("--latency", "0.2") as mock:
+        env = ledger_env(pg_url, mock, MAX_CONCURRENT_LLM_CALLS=5)
+        enqueue(env, write_requests(tmp_path / "f.jsonl", prompts))
+        daemon = subprocess.Popen(
+            [*LEDGER, "daemon"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        wait_for(lambda: mock.stats()["calls"] >= 5)
+        store = Store(pg_url)
+        with store.engine.begin() as conn:  # what no retry can fix: the table is gone
+            conn.execute(text("ALTER TABLE llm_attempts RENAME TO llm_attempts_gone"))
+        store.close()
+        started = time.monotonic()
+        try:
+            _, stderr = daemon.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            raise AssertionError("the daemon hung after a fatal database error") from None
+    assert daemon.returncode == 1
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("database failed, daemon stopped:") and "llm_attempts" in last, stderr[-2000:]
+    assert time.monotonic() - started < 30

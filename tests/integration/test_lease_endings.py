@@ -1,0 +1,225 @@
+"""How a held slot ends when the call has no ordinary outcome: cancel, dead worker, stop, restart.
+
+The rule under test everywhere: a slot is freed exactly once, by whoever ends the
+lease, and never while the provider may still be working on the call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from ledger.enqueue import build_spec, to_row
+from ledger.store import Store
+from ledger.store.dialect import CLAIM_LOCK_KEY
+from ledger.store.queue import CancelResult
+from ledger.store.rows import AttemptFailure, Claim, Completed, RetryLater, Written
+
+LIMITS: dict[str, Any] = {"global_limit": 5, "pool_limit": lambda _: 5, "max_attempts": 3, "max_claims": 5}
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    s = Store(db_url)
+    yield s
+    s.close()
+
+
+def add(store: Store, n: int, model: str = "m") -> None:
+    store.enqueue(
+        to_row(
+            build_spec(
+                model=model,
+                provider="mock",
+                idempotency_key=f"{model}-{i}",
+                messages=[{"role": "user", "content": f"{model} {i}"}],
+            )
+        )
+        for i in range(n)
+    )
+
+
+def claim(store: Store, worker: str, *, lease: float = 30.0, **limits: Any) -> Claim:
+    """`lease` < 0 claims with a lease that has already run out (a worker that died at once)."""
+    return store.claim(worker, lease_seconds=lease, **{**LIMITS, **limits})
+
+
+def test_a_canceled_call_in_flight_keeps_its_slot_until_it_returns(store: Store) -> None:
+    add(store, 2)
+    (call,) = claim(store, "w1", global_limit=1).requests
+    assert store.cancel(ids=[call.id]) == CancelResult(canceled=0, in_flight=1)
+    assert store.status_counts()["running"] == 1  # the provider is still working on it
+    assert claim(store, "w2", global_limit=1).requests == []  # so its slot is not handed out
+    assert store.record([Completed(call, 1, "paid for", 7)]).written == [Written.CANCELED]
+    row = store.get_request(call.id)
+    assert row is not None and (row["status"], row["raw_output"]) == ("canceled", "paid for")
+    assert [r.id for r in claim(store, "w2", global_limit=1).requests] == [call.id + 1]
+
+
+def test_canceling_a_waiting_request_ends_it_at_once_and_a_final_one_not_at_all(store: Store) -> None:
+    add(store, 3)
+    (done,) = claim(store, "w", max_claims=1).requests
+    store.record([Completed(done, 1, "ok", 1)])
+    result = store.cancel(ids=[done.id, done.id + 1])
+    assert result == CancelResult(canceled=1, in_flight=0)
+    assert store.get_request(done.id)["status"] == "completed"  # type: ignore[index]
+    assert store.get_request(done.id + 1)["status"] == "canceled"  # type: ignore[index]
+
+
+def test_a_cancel_during_a_held_back_off_ends_the_request_before_another_call(store: Store) -> None:
+    add(store, 1)
+    (call,) = claim(store, "w").requests
+    busy = AttemptFailure(503, "server_error", "busy", 3)
+    assert store.record([RetryLater(call, 1, busy, delay_s=5, hold_slot=True)]).written == [Written.APPLIED]
+    store.cancel(ids=[call.id])
+    next_attempt = store.begin_attempt(call)
+    assert next_attempt.number is None and next_attempt.canceled and next_attempt.freed_slot
+    row = store.get_request(call.id)
+    assert row is not None and row["status"] == "canceled" and row["attempts"] == 1
+    assert [a["outcome"] for a in row["attempt_rows"]] == ["failed"]  # no second call was started
+
+
+def test_a_retry_that_would_release_its_slot_ends_canceled_instead(store: Store) -> None:
+    add(store, 1)
+    (call,) = claim(store, "w").requests
+    store.cancel(ids=[call.id])
+    timed_out = AttemptFailure(None, "timeout", "no answer", 100)
+    assert store.record([RetryLater(call, 1, timed_out, 0, hold_slot=False)]).written == [Written.CANCELED]
+    assert store.status_counts()["canceled"] == 1 and claim(store, "w").requests == []
+
+
+def test_a_dead_workers_canceled_request_ends_canceled_when_its_lease_runs_out(store: Store) -> None:
+    add(store, 2)
+    dead = claim(store, "dead", lease=-1).requests
+    store.cancel(ids=[dead[0].id])
+    alive = claim(store, "alive")
+    assert sorted(r.id for r in alive.reclaimed.requests) == [dead[0].id, dead[1].id]
+    assert alive.reclaimed.active_slots == 0  # both dead slots freed, before the new claim
+    assert [r.id for r in alive.requests] == [dead[1].id]  # the canceled one is not called again
+    canceled = store.get_request(dead[0].id)
+    assert canceled is not None and canceled["status"] == "canceled"
+    assert canceled["attempt_rows"][0]["outcome"] == "lost"
+
+
+@pytest.mark.parametrize(("max_attempts", "ends"), [(1, "error"), (2, "queued")])
+def test_a_call_cut_off_by_a_stop_counts_against_the_attempt_budget(store: Store, max_attempts: int, ends: str) -> None:
+    add(store, 1)
+    (call,) = claim(store, "w").requests
+    released = store.release_worker("w", max_attempts)
+    assert [r.id for r in released.requests] == [call.id] and released.active_slots == 0
+    row = store.get_request(call.id)
+    assert row is not None and row["status"] == ends and row["attempts"] == 1
+    assert row["attempt_rows"][0]["outcome"] == "lost"
+    if ends == "error":
+        assert row["error_code"] == "worker_stopped" and "last of 1 attempts" in row["error_message"]
+
+
+@pytest.mark.parametrize(("max_attempts", "ends"), [(1, "error"), (3, "queued")])
+def test_a_dead_worker_during_the_last_attempt_ends_the_request_in_error(
+    store: Store, max_attempts: int, ends: str
+) -> None:
+    add(store, 1)
+    (call,) = claim(store, "dead", lease=-1).requests
+    alive = claim(store, "alive", max_attempts=max_attempts)
+    assert [r.id for r in alive.reclaimed.requests] == [call.id]
+    row = store.get_request(call.id)
+    assert row is not None
+    if ends == "error":
+        assert (row["status"], row["error_code"]) == ("error", "lease_expired") and alive.requests == []
+    else:
+        assert row["status"] == "running" and row["attempts"] == 2  # reclaimed and claimed again at once
+
+
+def test_only_the_leases_a_worker_is_working_on_are_renewed(store: Store) -> None:
+    add(store, 2)
+    working, forgotten = claim(store, "w", lease=-1).requests
+    assert store.renew_leases("w", 30, [working.id]) == 1
+    other = claim(store, "other")
+    assert [r.id for r in other.reclaimed.requests] == [forgotten.id]
+    row = store.get_request(working.id)
+    assert row is not None and row["status"] == "running" and row["lease_owner"] == "w"
+
+
+# -- PostgreSQL: concurrent transactions, forced into the order that used to go wrong ----------
+
+
+def wait_until_blocked_by(store: Store, pid: int, timeout: float = 10.0) -> None:
+    """Poll until some other session waits for a lock that session `pid` holds."""
+    deadline = time.monotonic() + timeout
+    query = text("SELECT COUNT(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))")
+    while time.monotonic() < deadline:
+        with store.engine.connect() as conn:
+            if conn.execute(query, {"pid": pid}).scalar_one():
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"no session became blocked by {pid} within {timeout}s")
+
+
+def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except Exception as exc:
+            box.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, box
+
+
+def test_recording_while_a_claimer_reclaims_the_same_row_does_not_deadlock(pg_url: str) -> None:
+    """A recorder that claims in its own transaction vs a claimer reclaiming that row's lease.
+
+    The recorder used to lock the row first and wait for the claim lock, while the
+    claimer held the claim lock and waited for the row: PostgreSQL killed one of them,
+    and with it a paid result.
+    """
+    store, claimer = Store(pg_url), Store(pg_url)
+    add(store, 1)
+    (call,) = claim(store, "slow", lease=-1).requests  # its lease ran out while the call was made
+    with claimer.engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CLAIM_LOCK_KEY})  # a claim in progress
+        thread, box = in_thread(
+            lambda: store.record([Completed(call, 1, "paid", 3)], claim_for="slow", lease_seconds=30, **LIMITS)
+        )
+        wait_until_blocked_by(store, pid)
+        conn.execute(text("SET LOCAL lock_timeout = '5s'"))
+        # The claimer reclaims the expired lease: it must get the row, not wait on the recorder.
+        conn.execute(
+            text("UPDATE llm_requests SET status = 'queued', lease_owner = NULL WHERE id = :id"), {"id": call.id}
+        )
+        conn.commit()
+    thread.join(timeout=30)
+    assert len(box) == 1 and not isinstance(box[0], Exception), box
+    assert box[0].written == [Written.REFUSED]  # the lease was taken over: the fence keeps it out
+    store.close()
+    claimer.close()
+
+
+def test_two_daemons_noting_429s_at_once_each_lower_the_learned_limit(pg_url: str) -> None:
+    store, other = Store(pg_url), Store(pg_url)
+    add(store, 1)
+    (call,) = claim(store, "w").requests
+    with other.engine.begin() as conn:
+        conn.execute(text("INSERT INTO llm_pools (endpoint, learned_limit, successes) VALUES ('mock:m', 5, 0)"))
+    with other.engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        # Another daemon's 429, noted but not yet committed.
+        conn.execute(text("UPDATE llm_pools SET learned_limit = learned_limit - 1 WHERE endpoint = 'mock:m'"))
+        limited = AttemptFailure(429, "rate_limit", "slow down", 2)
+        thread, box = in_thread(lambda: store.record([RetryLater(call, 1, limited, delay_s=1)]))
+        wait_until_blocked_by(store, pid)
+        conn.commit()
+    thread.join(timeout=30)
+    assert box and not isinstance(box[0], Exception), box
+    assert store.pool_usage()["mock:m"]["learned_limit"] == 3  # 5, minus one 429 each
+    store.close()
+    other.close()
