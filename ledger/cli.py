@@ -270,7 +270,13 @@ def daemon(
     until_idle: Annotated[
         bool, typer.Option("--until-idle", help="Exit 0 once nothing is queued or in flight.")
     ] = False,
-    worker_id: Annotated[str | None, typer.Option(help="Lease owner name (default host:pid:random).")] = None,
+    worker_id: Annotated[
+        str | None,
+        typer.Option(
+            help="Lease owner name, unique among live daemons (default host:pid:random). "
+            "A restart under the same id takes back at once what the previous process held."
+        ),
+    ] = None,
 ) -> None:
     """Claim queued requests under bounded slots and call the providers, until stopped."""
     import anyio
