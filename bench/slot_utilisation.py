@@ -2,7 +2,10 @@
 
 Makespan (first claim to last outcome, read from the event log) divided by the
 ideal 300 / 5 x 0.1 s = 6 s. Target: at most 1.05. The mock provider runs in
-its own process; the daemon runs the real path (OpenAI SDK over HTTP).
+its own process; the daemon runs the real path (OpenAI SDK over HTTP). Beside it,
+in the same run: the same calls through the same SDK and server under a bare
+semaphore (the floor HTTP and the SDK set), and the daemon over the in-process
+mock adapter sleeping the same latency (the ledger's scheduling alone).
 
     python -m bench.slot_utilisation [--db sqlite|postgres] [--requests 300] [--limit 5] [--latency 0.1]
 """
@@ -17,6 +20,7 @@ import time
 import anyio
 import openai
 
+from adapters.mock import MockAdapter
 from adapters.mock_server import mock_provider_process
 from bench.common import fresh_database, specs
 from ledger.api import Ledger
@@ -42,6 +46,25 @@ async def bare_sdk_loop(base: str, n: int, limit: int) -> float:
             tg.start_soon(one, i)
     await client.close()
     return time.perf_counter() - t0
+
+
+def makespan_of(log: io.StringIO) -> float:
+    """First `acquired` to last `released`: the time slots were in use, start-up excluded."""
+    records = [json.loads(line) for line in log.getvalue().splitlines()]
+    slots = [r["ts"] for r in records if r["event"] in ("acquired", "released")]
+    return float(max(slots) - min(slots))
+
+
+def in_process_makespan(kind: str, n: int, limit: int, latency: float) -> float:
+    with fresh_database(kind) as url:
+        settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=url, MAX_CONCURRENT_LLM_CALLS=limit)
+        with Ledger(settings=settings) as ledger:
+            ledger.enqueue_many(specs(n, provider="mock"))
+        log = io.StringIO()
+        configure_logging("INFO", stream=log)
+        adapters = {"mock": MockAdapter(latency=latency)}
+        anyio.run(lambda: run_daemon(settings, until_idle=True, adapters=adapters))
+    return makespan_of(log)
 
 
 def main() -> int:
@@ -70,15 +93,15 @@ def main() -> int:
         wall = time.perf_counter() - t0
         provider = mock.stats()
         bare = anyio.run(bare_sdk_loop, base, args.requests, args.limit)
-    records = [json.loads(line) for line in log.getvalue().splitlines()]
-    slots = [r["ts"] for r in records if r["event"] in ("acquired", "released")]
-    makespan = max(slots) - min(slots)
+    makespan = makespan_of(log)
+    in_process = in_process_makespan(args.db, args.requests, args.limit, args.latency)
     print(f"db={args.db} requests={args.requests} limit={args.limit} latency={args.latency}s")
     print(
         f"makespan {makespan:.3f} s  ideal {ideal:.3f} s  ratio {makespan / ideal:.3f}  "
         f"(whole daemon run incl. start-up {wall:.3f} s; provider max in flight {provider['max_in_flight']})"
     )
     print(f"bare SDK + semaphore, same server: {bare:.3f} s  ratio {bare / ideal:.3f}")
+    print(f"ledger, in-process mock adapter:   {in_process:.3f} s  ratio {in_process / ideal:.3f}")
     return 0
 
 

@@ -234,6 +234,10 @@ def status(job: Annotated[str | None, typer.Option(help="Only this job's counts.
     store = open_store(settings)
     counts = store.status_counts(job)
     out.print("requests: " + ", ".join(f"{k} {v}" for k, v in counts.items()), highlight=False)
+    pending = store.cancel_pending(job)
+    if pending:
+        line = f"{pending} running with a cancel pending: they end canceled when their call returns"
+        out.print(line, highlight=False)
     usage = store.pool_usage()
     busy = sum(u["running"] for u in usage.values())
     out.print(f"slots: {busy}/{settings.max_concurrent_llm_calls} busy (global)", highlight=False)

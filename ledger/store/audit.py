@@ -85,6 +85,16 @@ class AuditQueries:
             counts.update({status: int(n) for status, n in conn.execute(query).all()})
             return counts
 
+    def cancel_pending(self, job_id: str | None = None) -> int:
+        """Running requests whose cancel waits for their call to return (they still hold a slot)."""
+        query = select(func.count()).where(
+            requests.c.status == RequestStatus.RUNNING.value, requests.c.cancel_requested_at.is_not(None)
+        )
+        if job_id is not None:
+            query = query.where(requests.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
     def attempt_count(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(attempts)).scalar_one())

@@ -79,6 +79,18 @@ def test_requests_show_export_and_status(db_url: str, tmp_path: Path) -> None:
 
     status = cli(db_url, "status")
     assert "completed 1" in status and "error 1" in status and "queued 1" in status
+    assert "cancel pending" not in status
+
+
+def test_status_tells_a_cancel_waiting_for_its_call(db_url: str) -> None:
+    populate(db_url)
+    store = Store(db_url)
+    limits = {"lease_seconds": 30, "global_limit": 2, "pool_limit": lambda _: 2, "max_attempts": 3, "max_claims": 1}
+    (running,) = store.claim("w", **limits).requests
+    store.cancel(ids=[running.id])
+    store.close()
+    status = cli(db_url, "status", "--job", "audit")
+    assert "running 1" in status and "1 running with a cancel pending" in status
 
 
 def test_show_unknown_id_is_a_clear_error(sqlite_url: str) -> None:
