@@ -20,6 +20,7 @@ import time
 import anyio
 import openai
 
+from adapters.base import Adapter
 from adapters.mock import MockAdapter
 from adapters.mock_server import mock_provider_process
 from bench.common import fresh_database, specs
@@ -62,7 +63,7 @@ def in_process_makespan(kind: str, n: int, limit: int, latency: float) -> float:
             ledger.enqueue_many(specs(n, provider="mock"))
         log = io.StringIO()
         configure_logging("INFO", stream=log)
-        adapters = {"mock": MockAdapter(latency=latency)}
+        adapters: dict[str, Adapter] = {"mock": MockAdapter(latency=latency)}
         anyio.run(lambda: run_daemon(settings, until_idle=True, adapters=adapters))
     return makespan_of(log)
 

@@ -114,8 +114,8 @@ async def run_daemon(
             stop.set()
             services.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        failed = group.subgroup(DBAPIError)
-        if failed is None:
+        failed, other = group.split(DBAPIError)
+        if failed is None or other is not None:  # anything else is a bug: show all of it
             raise
         cause = _first_leaf(failed)
         raise DatabaseFailed(

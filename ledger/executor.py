@@ -73,7 +73,9 @@ async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -
             return
         failure = AttemptFailure(error.status_code, error.code, error.message, _ms(t0))
         if not ctx.policy.should_retry(error, attempt):
-            await ctx.recorder.submit(Failed(request, attempt, failure, _ms(started)))
+            written = await ctx.recorder.submit(Failed(request, attempt, failure, _ms(started)))
+            if written is not Written.APPLIED:  # ended canceled, or not ours any more: not an error of ours
+                return
             events.failed(
                 request.id,
                 request.agent,
@@ -87,7 +89,6 @@ async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -
             return
         delay = ctx.policy.delay(attempt, error.retry_after)
         cooldown = delay if error.status_code == 429 and error.retry_after is not None else None
-        events.retry(request.id, request.agent, request.dimension, attempt, error.status_code, delay)
         timed_out = error.code == "timeout"
         # FR-008: a timeout gives its slot back and queues the retry; any other
         # transient failure keeps the slot through the back-off (seed 002), so
@@ -95,7 +96,10 @@ async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -
         written = await ctx.recorder.submit(
             RetryLater(request, attempt, failure, delay, hold_slot=not timed_out, pool_cooldown_s=cooldown)
         )
-        if timed_out or written is not Written.APPLIED:  # slot released, canceled, or taken over
+        if written is not Written.APPLIED:  # canceled, or taken over: no retry of ours follows
+            return
+        events.retry(request.id, request.agent, request.dimension, attempt, error.status_code, delay)
+        if timed_out:  # the slot went back with the outcome; the retry waits in the queue
             return
         await anyio.sleep(delay)
         next_attempt = await ctx.lane.run(ctx.store.begin_attempt, request)

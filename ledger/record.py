@@ -40,10 +40,14 @@ class DbLane:
         self._retry_seconds = retry_seconds
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await self.run_within(self._retry_seconds, fn, *args, **kwargs)
+
+    async def run_within(self, retry_seconds: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`run`, retrying for `retry_seconds` instead of the lane's own window."""
         retrying = AsyncRetrying(
             retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.05, max=2.0),
-            stop=stop_after_delay(self._retry_seconds),
+            stop=stop_after_delay(retry_seconds),
             sleep=anyio.sleep,
             before_sleep=_log_retry,
             reraise=True,

@@ -25,10 +25,13 @@ from ledger import events
 from ledger.executor import CallContext, execute
 from ledger.record import RecorderStopped, one_line
 from ledger.settings import Settings
-from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed, ReleasedRows
+from ledger.store.claim import Held
+from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed, ReleasedRows, Written
 from ledger.waits import first_done
 
 LOG = logging.getLogger("ledger.scheduler")
+# Share of LEDGER_LEASE_SECONDS a daemon goes on without renewing its leases before it stops.
+LEASE_LAPSE = 0.75
 
 
 @dataclass
@@ -52,10 +55,12 @@ class Scheduler:
         self._all_done = anyio.Event()
         self._all_done.set()
         self._tg: TaskGroup | None = None
-        # Requests this process is working on (calling, or holding through a back-off): the only
-        # leases it renews. Anything else under its name in the database is left to expire.
-        self._held: set[int] = set()
+        # Leases this process is working on (calling, or holding through a back-off), as
+        # (request id, lease token): the only ones it renews. Anything else under its name
+        # in the database is left to expire.
+        self._held: set[Held] = set()
         self._stopping = False
+        self._stop = anyio.Event()
         self._last_reclaim = -float("inf")
         self.limits: dict[str, Any] = {
             "lease_seconds": settings.lease_seconds,
@@ -67,7 +72,7 @@ class Scheduler:
 
     def claim_args(self) -> dict[str, Any] | None:
         """For the recorder: claim in its transaction unless we are stopping."""
-        if self._stopping or self._tg is None:
+        if self._stopping or self._tg is None or self._stop.is_set():  # no new call after SIGTERM
             return None
         return {"claim_for": self.worker_id, **self._limits_now()}
 
@@ -75,9 +80,10 @@ class Scheduler:
         """Claim limits, asking for a sweep of expired leases every quarter lease."""
         now = time.monotonic()
         reclaim = now - self._last_reclaim >= self.settings.lease_seconds / 4
-        if reclaim:
-            self._last_reclaim = now
-        return {**self.limits, "reclaim": reclaim}
+        if not reclaim:
+            return {**self.limits, "reclaim": False}
+        self._last_reclaim = now
+        return {**self.limits, "reclaim": True, "held": sorted(self._held)}
 
     def slot_freed(self, claim: Claim | None = None) -> None:
         """Slots came free. With the claim the recorder made in the same transaction, they are
@@ -137,7 +143,7 @@ class Scheduler:
 
     async def run(self, tg: TaskGroup, *, until_idle: bool, stop: anyio.Event) -> None:
         """Claim and start work until `stop` is set (or, with until_idle, nothing is left)."""
-        self._tg = tg
+        self._tg, self._stop = tg, stop
         await self.ctx.lane.run(self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds)
         # A previous process under this worker id (a restart with a fixed --worker-id) left these
         # claimed: nobody is calling them, so they go back now rather than when their leases expire.
@@ -165,7 +171,7 @@ class Scheduler:
                 await first_done(self._wake.wait, stop.wait)
 
     def _start(self, tg: TaskGroup, request: ClaimedRequest) -> None:
-        self._held.add(request.id)
+        self._held.add((request.id, request.token))
         self.state.in_flight += 1
         self.state.claimed_total += 1
         self._all_done = anyio.Event()
@@ -177,7 +183,8 @@ class Scheduler:
                 adapter = await self.adapter_for(request.provider)
             except ValueError as exc:  # e.g. a provider with no base URL configured
                 failure = AttemptFailure(None, "config_error", str(exc), 0)
-                await self.ctx.recorder.submit(Failed(request, request.attempt, failure))
+                if await self.ctx.recorder.submit(Failed(request, request.attempt, failure)) is not Written.APPLIED:
+                    return
                 events.failed(
                     request.id,
                     request.agent,
@@ -193,7 +200,7 @@ class Scheduler:
         except RecorderStopped:
             return  # the recorder's own failure stops the daemon; this request's lease will expire
         finally:
-            self._held.discard(request.id)
+            self._held.discard((request.id, request.token))
             self.state.in_flight -= 1
             # The slot this request freed was refilled by the recorder's claim (or, when freed
             # outside an outcome, `slot_freed` woke the loop): only "all done" is news here.
@@ -208,14 +215,33 @@ class Scheduler:
         """Heartbeat and keep our leases alive through calls, back-offs and the shutdown grace.
 
         Runs until the daemon cancels it; a dead process simply stops renewing. A
-        renewal the database refuses (past the lane's retries) is logged and tried
-        again next round: a lease lost meanwhile is fenced, never double-written.
+        renewal the database refuses is logged and tried again, but only while the
+        leases last: past `LEASE_LAPSE` of the lease since the last renewal, other
+        daemons may take our requests over and call them beside us, so the
+        renewal's error is raised and stops the daemon (its calls are cut off).
         """
+        lease = self.settings.lease_seconds
+        renewed_at = time.monotonic()
         while True:
-            await anyio.sleep(self.settings.lease_seconds / 3)
+            await anyio.sleep(lease / 3)
+            attempt_at = time.monotonic()
             try:
-                await self.ctx.lane.run(
-                    self.ctx.store.renew_leases, self.worker_id, self.settings.lease_seconds, sorted(self._held)
+                await self.ctx.lane.run_within(
+                    max(0.0, renewed_at + lease * LEASE_LAPSE - attempt_at),
+                    self.ctx.store.renew_leases,
+                    self.worker_id,
+                    lease,
+                    sorted(self._held),
                 )
             except DBAPIError as exc:
-                LOG.error("could not renew leases", extra={"details": {"error": one_line(exc)}})
+                unrenewed = time.monotonic() - renewed_at
+                LOG.error(
+                    "could not renew leases",
+                    extra={"details": {"error": one_line(exc), "seconds_since_renewal": round(unrenewed, 1)}},
+                )
+                if not self._held:  # nothing to lose: a heartbeat missed by an idle daemon is harmless
+                    renewed_at = attempt_at
+                elif unrenewed >= lease * LEASE_LAPSE:
+                    raise
+            else:
+                renewed_at = attempt_at

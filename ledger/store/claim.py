@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, case, func, insert, literal, or_, select, union_all, update
+from sqlalchemy import Select, and_, bindparam, case, func, insert, literal, or_, select, tuple_, union_all, update
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import AttemptOutcome, Delivery, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
@@ -38,6 +38,8 @@ CANCELED = RequestStatus.CANCELED.value
 ERROR = RequestStatus.ERROR.value
 # How many candidates to read per free slot: some may belong to pools that fill up.
 _CANDIDATES_PER_SLOT = 4
+# A lease a worker holds, as it knows it: (request id, lease token).
+Held = tuple[int, int]
 
 _c = requests.c
 CLAIMED_COLUMNS = (
@@ -141,10 +143,15 @@ class ClaimQueries:
         max_attempts: int,
         max_claims: int,
         reclaim: bool = True,
+        held: Collection[Held] = (),
         serialized: bool = False,
     ) -> Claim:
         if not serialized:  # the caller may already hold the claim lock for this transaction
             self.dialect.serialize_claimers(conn)
+        if reclaim:
+            # A live claimer never reclaims what it is still working on, however late its
+            # renewal (a database outage longer than the lease): it renews those first.
+            _extend(conn, worker, lease_seconds, held)
         reclaimed_rows = self._reclaim_expired(conn, max_attempts) if reclaim else []
         reclaim_ts = time.time()
         in_flight: dict[str, int] = {}
@@ -210,29 +217,25 @@ class ClaimQueries:
         with self.engine.begin() as conn:
             conn.execute(workers.delete().where(workers.c.worker_id == worker))
 
-    def renew_leases(self, worker: str, lease_seconds: float, held: Collection[int] = ()) -> int:
+    def renew_leases(self, worker: str, lease_seconds: float, held: Collection[Held] = ()) -> int:
         """Heartbeat (for fair shares) and extend the leases of the requests this worker is working on.
 
-        Only `held`, never "every row with my name": a row the worker holds in the
-        database without knowing it (a claim whose commit reply was lost, or a
-        previous process under the same worker id) must expire and be reclaimed,
-        not be kept alive forever with nobody calling it.
+        Only `held` (request id, lease token), never "every row with my name": a row
+        the worker holds in the database without knowing it (a previous process
+        under the same worker id) must expire and be reclaimed, not be kept alive
+        forever with nobody calling it; and a row claimed again since (a new
+        token) is renewed by the executor working on that claim, not by this one.
         """
         with self.engine.begin() as conn:
+            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             conn.execute(self.dialect.upsert(workers, ["worker_id"], {"worker_id": worker}, {"heartbeat_at": db_now()}))
-            if not held:
-                return 0
-            result = conn.execute(
-                update(requests)
-                .where(_c.id.in_(list(held)), _c.lease_owner == worker, _c.status == RUNNING)
-                .values(lease_expires_at=db_now_plus(lease_seconds))
-            )
-            return int(result.rowcount)
+            return _extend(conn, worker, lease_seconds, held)
 
     def release_worker(self, worker: str, max_attempts: int, why: str | None = None) -> ReleasedRows:
         """Give back every slot held under `worker`: a stopping daemon's cut-off calls, or at start,
         what a previous process with the same worker id left behind (see `_end_leases`)."""
         with self.engine.begin() as conn:
+            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             rows = _end_leases(
                 conn,
                 and_(_c.lease_owner == worker, _c.status == RUNNING),
@@ -250,6 +253,17 @@ class LeaseEnd:
     spent_code: str  # error_code of a request that has no attempt left
     why_lost: str  # error_message of the cut-off attempt
     max_attempts: int
+
+
+def _extend(conn: Connection, worker: str, lease_seconds: float, held: Collection[Held]) -> int:
+    if not held:
+        return 0
+    result = conn.execute(
+        update(requests)
+        .where(tuple_(_c.id, _c.lease_token).in_(list(held)), _c.lease_owner == worker, _c.status == RUNNING)
+        .values(lease_expires_at=db_now_plus(lease_seconds))
+    )
+    return int(result.rowcount)
 
 
 def _end_leases(conn: Connection, which: Any, end: LeaseEnd) -> list[ClaimedRequest]:

@@ -120,12 +120,14 @@ def is_transient(exc: BaseException) -> bool:
     PostgreSQL: a lost or refused connection (a server restart, a terminated
     backend), a deadlock or serialization failure. SQLite: a locked database. Not:
     a missing table, a constraint violation, bad SQL (SQLite reports some of
-    those as OperationalError too, hence the check of its message).
+    those as OperationalError too, hence the check of its message). And not a
+    connection lost at COMMIT (no statement running, yet the connection dropped):
+    the server may have committed, and a retry could apply the work twice.
     """
     if not isinstance(exc, DBAPIError):
         return False
     if exc.connection_invalidated:
-        return True
+        return exc.statement is not None
     if isinstance(exc.orig, sqlite3.OperationalError):
         return any(word in str(exc.orig) for word in ("locked", "busy"))
     return isinstance(exc, OperationalError | InterfaceError)

@@ -65,14 +65,14 @@ def note_rate_limited(
     """
     lowered = _at_least_one(func.coalesce(pools.c.learned_limit, _running_in_sql(endpoint)) - count)
     values: dict[str, Any] = {"successes": 0, "updated_at": db_now()}
+    first: dict[str, Any] = {"endpoint": endpoint, "learned_limit": _at_least_one(_running_in_sql(endpoint) - count)}
+    on_conflict: dict[str, Any] = {"learned_limit": lowered}
     if cooldown_s:
-        values["cooldown_until"] = db_now_plus(cooldown_s)
-    first = {"learned_limit": _at_least_one(_running_in_sql(endpoint) - count)}
-    conn.execute(
-        dialect.upsert(
-            pools, ["endpoint"], {"endpoint": endpoint, **first}, values, on_conflict={"learned_limit": lowered}
-        )
-    )
+        until = db_now_plus(cooldown_s)
+        first["cooldown_until"] = until
+        # A shorter retry-after seen by another daemon never cuts a longer cooldown short.
+        on_conflict["cooldown_until"] = case((pools.c.cooldown_until > until, pools.c.cooldown_until), else_=until)
+    conn.execute(dialect.upsert(pools, ["endpoint"], first, values, on_conflict=on_conflict))
 
 
 def _at_least_one(expr: Any) -> Any:
@@ -92,7 +92,7 @@ def note_successes(conn: Connection, endpoints: Iterable[str], probe_seconds: fl
     counts: dict[str, int] = {}
     for endpoint in endpoints:
         counts[endpoint] = counts.get(endpoint, 0) + 1
-    for endpoint, n in counts.items():
+    for endpoint, n in sorted(counts.items()):
         conn.execute(
             update(pools)
             .where(pools.c.endpoint == endpoint, pools.c.learned_limit.is_not(None))

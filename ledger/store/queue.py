@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, select, update
+from sqlalchemy import and_, bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from ledger.models import AttemptOutcome, Delivery, Job, RequestStatus
@@ -128,6 +128,7 @@ def _fenced_update(*, canceling: bool = False) -> Any:
     )
 
 
+_RUNNING_UNMARKED = and_(requests.c.status == RUNNING, requests.c.cancel_requested_at.is_(None))
 _FENCE_STATE = select(requests.c.id, requests.c.lease_token, requests.c.status, requests.c.cancel_requested_at).where(
     requests.c.id.in_(bindparam("b_ids", expanding=True))
 )
@@ -163,16 +164,18 @@ _REQUEST_UPDATES = {
 }
 # A cancel was waiting for this call: the request ends `canceled`, and what the call
 # returned is kept beside it (it was paid for), never presented as `completed`.
-_CANCELED_IN_FLIGHT = {
+_CANCELED_IN_FLIGHT: dict[str, Any] = {
     "status": RequestStatus.CANCELED.value,
     "error_code": "canceled",
-    "error_message": "canceled while a call was in flight",
+    "error_message": bindparam("b_why", value="canceled while a call was in flight", required=False),
     **_FINAL,
 }
 _CANCEL_UPDATES = {
     "completed": _fenced_update(canceling=True).values(**_OUTPUT, **_CANCELED_IN_FLIGHT),
+    # A failed call, or none (a cancel seen after a back-off): the last status the provider gave stays.
     "other": _fenced_update(canceling=True).values(
-        last_status_code=bindparam("b_status", required=False), **_CANCELED_IN_FLIGHT
+        last_status_code=func.coalesce(bindparam("b_status", required=False), requests.c.last_status_code),
+        **_CANCELED_IN_FLIGHT,
     ),
 }
 
@@ -264,12 +267,11 @@ class QueueQueries(ClaimQueries):
 
         With `claim_for` (a worker id) the slots freed here are claimed again in
         the same transaction: one commit per round instead of two. The claim lock
-        is then taken *first*: taken after the row locks, it would deadlock with a
-        claimer that holds it and waits for those rows while reclaiming.
+        is taken *first*, as by every multi-row writer: taken after the row locks,
+        it would deadlock with a claimer that holds it and waits for those rows.
         """
         with self.engine.begin() as conn:
-            if claim_for:
-                self.dialect.serialize_claimers(conn)
+            self.dialect.serialize_claimers(conn)
             conn.execute(_FINISH_ATTEMPT, [_attempt_values(o) for o in outcomes])
             matched = 0
             for kind, stmt in _REQUEST_UPDATES.items():
@@ -364,7 +366,10 @@ class QueueQueries(ClaimQueries):
                         },
                     )
                     return NextAttempt(int(number.attempts), 0, 0.0)
-            ended = conn.execute(_CANCEL_UPDATES["other"], {"b_id": request.id, "b_token": request.token}).rowcount
+            ended = conn.execute(
+                _CANCEL_UPDATES["other"],
+                {"b_id": request.id, "b_token": request.token, "b_why": "canceled during a back-off between attempts"},
+            ).rowcount
             return NextAttempt(None, self._active(conn), time.time(), canceled=bool(ended))
 
     def cancel(self, *, ids: list[int] | None = None, job_id: str | None = None) -> CancelResult:
@@ -374,32 +379,35 @@ class QueueQueries(ClaimQueries):
         in flight keeps its slot (the provider is still working on it, and a slot
         freed now would let another call start beside it): it is marked, and ends
         `canceled` when its call returns or its lease expires.
+
+        One UPDATE decides both per row. Two (waiting rows, then running ones) would
+        miss a row that went from running back to the queue between them.
         """
         c = requests.c
-        where = []
+        where = [or_(c.status.in_([QUEUED, RequestStatus.SUBMITTED.value]), _RUNNING_UNMARKED)]
         if ids is not None:
             where.append(c.id.in_(ids))
         if job_id is not None:
             where.append(c.job_id == job_id)
+        in_flight = c.status == RUNNING
         with self.engine.begin() as conn:
-            now = conn.execute(
+            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer (docs)
+            ended = conn.execute(
                 update(requests)
-                .where(*where, c.status.in_([QUEUED, RequestStatus.SUBMITTED.value]))
+                .where(*where)
                 .values(
-                    status=RequestStatus.CANCELED.value,
-                    cancel_requested_at=db_now(),
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    completed_at=db_now(),
+                    status=case((in_flight, c.status), else_=RequestStatus.CANCELED.value),
+                    cancel_requested_at=func.coalesce(c.cancel_requested_at, db_now()),
+                    lease_owner=case((in_flight, c.lease_owner), else_=None),
+                    lease_expires_at=case((in_flight, c.lease_expires_at), else_=None),
+                    completed_at=case((in_flight, c.completed_at), else_=db_now()),
                     updated_at=db_now(),
                 )
-            ).rowcount
-            in_flight = conn.execute(
-                update(requests)
-                .where(*where, c.status == RUNNING, c.cancel_requested_at.is_(None))
-                .values(cancel_requested_at=db_now(), updated_at=db_now())
-            ).rowcount
-            return CancelResult(int(now), int(in_flight))
+                .returning(c.status)
+            ).scalars()
+            statuses = list(ended)
+        marked = statuses.count(RUNNING)
+        return CancelResult(len(statuses) - marked, marked)
 
     def has_online_work(self) -> bool:
         """Anything queued (due or not) or in flight for the online path."""

@@ -81,9 +81,11 @@ def max_slots_from_log(records: list[dict[str, Any]]) -> int:
 
 
 def balanced(records: list[dict[str, Any]]) -> bool:
-    """Every slot acquired in the log was released in the log (by its daemon, or by whoever reclaimed it)."""
-    counts = Counter(str(e["event"]) for e in records)
-    return counts["acquired"] == counts["released"]
+    """Request by request, every slot acquired in the log was released in the log exactly once
+    (by its daemon, or by whoever reclaimed it): a double release cannot hide a missing one."""
+    acquired = Counter(e["request_id"] for e in records if e["event"] == "acquired")
+    released = Counter(e["request_id"] for e in records if e["event"] == "released")
+    return acquired == released
 
 
 def write_requests(path: Path, prompts: list[tuple[str, str, str]], model: str = "gpt-4o-mini") -> Path:

@@ -131,3 +131,43 @@ def test_a_database_that_fails_for_good_stops_the_daemon_with_one_line(pg_url: s
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("database failed, daemon stopped:") and "llm_attempts" in last, stderr[-2000:]
     assert time.monotonic() - started < 30
+
+
+def test_a_daemon_that_cannot_renew_its_leases_stops_before_they_lapse(pg_url: str, tmp_path: Path) -> None:
+    """Past 3/4 of the lease without a renewal, other daemons may take its requests over and call
+    them beside it: it cuts its calls off and stops instead of calling on unleased."""
+    prompts = [("a", f"d{i}", f"long call {i}") for i in range(3)]
+    with mock_provider("--latency", "60") as mock:
+        env = ledger_env(pg_url, mock, MAX_CONCURRENT_LLM_CALLS=3, LEDGER_LEASE_SECONDS=2)
+        enqueue(env, write_requests(tmp_path / "l.jsonl", prompts))
+        daemon = subprocess.Popen(
+            [*LEDGER, "daemon"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        wait_for(lambda: mock.stats()["in_flight"] == 3)
+        store = Store(pg_url)
+        with store.engine.begin() as conn:  # the database still answers, but refuses every heartbeat
+            conn.execute(
+                text(
+                    "CREATE FUNCTION refuse_heartbeat() RETURNS trigger LANGUAGE plpgsql AS"
+                    " $$ BEGIN RAISE EXCEPTION 'heartbeats refused'; END $$"
+                )
+            )
+            conn.execute(
+                text(
+                    "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON llm_workers"
+                    " FOR EACH ROW EXECUTE FUNCTION refuse_heartbeat()"
+                )
+            )
+        try:
+            _, stderr = daemon.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            raise AssertionError("the daemon went on calling without a lease") from None
+        wait_for(lambda: mock.stats()["in_flight"] == 0, timeout=10)  # its calls were cut off
+    counts = store.status_counts()
+    store.close()
+    assert daemon.returncode == 1
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("database failed, daemon stopped:") and "heartbeats refused" in last, stderr[-2000:]
+    assert "could not renew leases" in stderr
+    assert counts["running"] == 3  # left to expire: another daemon reclaims them, nothing is lost

@@ -168,6 +168,20 @@ def test_429_cooldown_stops_every_worker_claiming_from_the_pool(store: Store) ->
     assert store.pool_usage()["mock:limited"]["cooldown_until"] is not None
 
 
+def test_a_shorter_retry_after_never_cuts_a_longer_cooldown_short(store: Store) -> None:
+    add(store, 2, model="limited", prefix="l")
+    calls = store.claim("w", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=2)
+    failure = AttemptFailure(429, "rate_limit", "slow down", 5)
+    long, short = (
+        RetryLater(r, 1, failure, delay_s=s, hold_slot=True, pool_cooldown_s=s)
+        for r, s in zip(calls.requests, (30, 0.01), strict=True)
+    )
+    store.record([long])
+    until = store.pool_usage()["mock:limited"]["cooldown_until"]
+    store.record([short])  # e.g. another daemon's 429 with a retry-after of 10 ms
+    assert store.pool_usage()["mock:limited"]["cooldown_until"] == until
+
+
 @pytest.mark.parametrize("limit", [3])
 def test_two_claimers_in_the_same_moment_never_overshoot(pg_url: str, limit: int) -> None:
     """Force two claim transactions to start together, many times; the limit must hold."""

@@ -82,6 +82,7 @@ def test_a_cancel_during_a_held_back_off_ends_the_request_before_another_call(st
     row = store.get_request(call.id)
     assert row is not None and row["status"] == "canceled" and row["attempts"] == 1
     assert [a["outcome"] for a in row["attempt_rows"]] == ["failed"]  # no second call was started
+    assert (row["last_status_code"], row["error_message"]) == (503, "canceled during a back-off between attempts")
 
 
 def test_a_retry_that_would_release_its_slot_ends_canceled_instead(store: Store) -> None:
@@ -138,11 +139,31 @@ def test_a_dead_worker_during_the_last_attempt_ends_the_request_in_error(
 def test_only_the_leases_a_worker_is_working_on_are_renewed(store: Store) -> None:
     add(store, 2)
     working, forgotten = claim(store, "w", lease=-1).requests
-    assert store.renew_leases("w", 30, [working.id]) == 1
+    assert store.renew_leases("w", 30, [(working.id, working.token)]) == 1
     other = claim(store, "other")
     assert [r.id for r in other.reclaimed.requests] == [forgotten.id]
     row = store.get_request(working.id)
     assert row is not None and row["status"] == "running" and row["lease_owner"] == "w"
+
+
+def test_a_lease_claimed_again_is_not_renewed_for_the_earlier_claim(store: Store) -> None:
+    add(store, 1)
+    (first,) = claim(store, "w", lease=-1).requests  # its lease ran out; it is reclaimed and claimed again
+    (again,) = claim(store, "w", lease=-1).requests
+    assert again.id == first.id and again.token != first.token
+    assert store.renew_leases("w", 30, [(first.id, first.token)]) == 0  # the stale executor's renewal
+    assert store.renew_leases("w", 30, [(again.id, again.token)]) == 1
+
+
+def test_a_late_claimer_keeps_what_it_is_working_on_instead_of_reclaiming_it(store: Store) -> None:
+    """A daemon that could not renew in time (a database outage) and claims again: its own
+    calls in flight are renewed, not reclaimed and called a second time beside themselves."""
+    add(store, 3)
+    working, forgotten = claim(store, "w", lease=-1, max_claims=2).requests
+    late = claim(store, "w", held=[(working.id, working.token)])
+    assert [r.id for r in late.reclaimed.requests] == [forgotten.id]
+    row = store.get_request(working.id)
+    assert row is not None and row["status"] == "running" and row["lease_token"] == working.token
 
 
 # -- PostgreSQL: concurrent transactions, forced into the order that used to go wrong ----------
@@ -223,3 +244,30 @@ def test_two_daemons_noting_429s_at_once_each_lower_the_learned_limit(pg_url: st
     assert store.pool_usage()["mock:m"]["learned_limit"] == 3  # 5, minus one 429 each
     store.close()
     other.close()
+
+
+def test_cancel_catches_a_request_going_back_to_the_queue_at_that_moment(pg_url: str) -> None:
+    """A running request requeued (a timeout's retry) while the cancel runs: the cancel still gets it.
+
+    Cancel used to be two statements (waiting rows, then running rows); a row that
+    moved from running to queued between them matched neither and was called again.
+    """
+    store, recorder = Store(pg_url), Store(pg_url)
+    add(store, 1)
+    (call,) = claim(store, "w").requests
+    with recorder.engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        # The recorder writes the timeout's retry: back to the queue, not yet committed.
+        conn.execute(
+            text("UPDATE llm_requests SET status = 'queued', lease_owner = NULL WHERE id = :id"), {"id": call.id}
+        )
+        thread, box = in_thread(lambda: store.cancel(ids=[call.id]))
+        wait_until_blocked_by(store, pid)
+        conn.commit()
+    thread.join(timeout=30)
+    assert box == [CancelResult(canceled=1, in_flight=0)], box
+    row = store.get_request(call.id)
+    assert row is not None and row["status"] == "canceled"
+    assert claim(store, "w").requests == []  # it is not called again
+    store.close()
+    recorder.close()
