@@ -4,7 +4,18 @@ The real `openai` and `anthropic` SDKs talk to it unchanged, so tests, the demo
 and the benchmarks exercise the whole path. It simulates latency, a concurrency
 cap and a requests-per-minute limit (both answered with 429 + retry-after),
 random faults, and deterministic per-prompt faults via `[[mock:...]]`
-directives (see `mock_answers`). `GET /_stats` tells what the provider saw.
+directives in the prompt text:
+
+    [[mock:fail=503x2]]   the first 2 calls of this prompt get 503 (`x*`: every call)
+    [[mock:fail=429]]     429 with retry-after `[[mock:retry_after=S]]` (default 1 s)
+    [[mock:quota]]        429 insufficient_quota (not retryable)
+    [[mock:hang]]         the first call hangs for `hang_seconds` (past any timeout)
+    [[mock:malformed]]    a 200 with a truncated body; `[[mock:error200]]`: a 200 with an error object
+    [[mock:latency=S]]    this prompt's own latency
+    [[mock:hold]]         answered only once `POST /_release` was called: a test's latch,
+                          to act while calls are certainly in flight
+
+`GET /_stats` tells what the provider saw; `POST /_reset` zeroes it.
 
 Built on h11 + anyio rather than `http.server`: each response goes out in one
 write with TCP_NODELAY (no Nagle/delayed-ACK stalls of ~40 ms), the listen
@@ -24,7 +35,7 @@ import sys
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +87,7 @@ class MockProviderServer:
     def __init__(self, config: MockProviderConfig | None = None) -> None:
         self.config = config or MockProviderConfig()
         self._rng = random.Random(self.config.seed)
+        self._released: anyio.Event | None = None
         self.batches = mock_batches.BatchStore(self)
         self.reset()
 
@@ -172,8 +184,18 @@ class MockProviderServer:
 
     async def _think(self, seconds: float, stream: SocketStream, conn: h11.Connection) -> None:
         """Sleep like a model, but stop at once if the client hangs up."""
-        if seconds <= 0:
-            return
+        if seconds > 0:
+            await self._until(lambda: anyio.sleep(seconds), stream, conn)
+
+    def _latch(self) -> anyio.Event:
+        """Opened by `POST /_release`; `[[mock:hold]]` calls wait for it (made on first use: an
+        anyio event needs the running loop)."""
+        if self._released is None:
+            self._released = anyio.Event()
+        return self._released
+
+    async def _until(self, wait: Callable[[], Awaitable[object]], stream: SocketStream, conn: h11.Connection) -> None:
+        """Wait for `wait()`, but stop at once if the client hangs up."""
         gone = False
         async with anyio.create_task_group() as tg:
 
@@ -190,7 +212,7 @@ class MockProviderServer:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            await anyio.sleep(seconds)
+            await wait()
             tg.cancel_scope.cancel()
         if gone:
             raise ClientGone
@@ -205,6 +227,9 @@ class MockProviderServer:
             return json_reply(200, self.stats())
         if method == "POST" and path == "/_reset":
             self.reset()
+            return json_reply(200, {"ok": True})
+        if method == "POST" and path == "/_release":
+            self._latch().set()
             return json_reply(200, {"ok": True})
         if method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
             return await self._model_call("openai", body, stream, conn)
@@ -271,6 +296,8 @@ class MockProviderServer:
         fault = self._fault(found, nth)
         if fault == "hang":
             await self._think(self.config.hang_seconds, stream, conn)
+        if "hold" in found:  # a test's latch: answered once `POST /_release` opens it
+            await self._until(self._latch().wait, stream, conn)
         await self._think(latency, stream, conn)
         if fault == "malformed":
             return Reply(200, b'{"id": "cmpl-broken", "choices": [')
@@ -390,6 +417,10 @@ class MockProviderAddress:
 
     def stats(self) -> dict[str, Any]:
         return dict(httpx.get(self.base_url + "/_stats", timeout=10).json())
+
+    def release(self) -> None:
+        """Let every `[[mock:hold]]` call, now and from now on, be answered."""
+        httpx.post(self.base_url + "/_release", timeout=10).raise_for_status()
 
     def reset(self) -> None:
         httpx.post(self.base_url + "/_reset", timeout=10)

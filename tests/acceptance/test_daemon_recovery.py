@@ -30,8 +30,8 @@ from tests.acceptance.procs import (
 
 def test_canceling_a_call_in_flight_never_lets_another_start_beside_it(sqlite_url: str, tmp_path: Path) -> None:
     log = tmp_path / "daemon.log"
-    prompts = [("a", f"d{i}", f"cancel me maybe {i}") for i in range(4)]
-    with mock_provider("--latency", "4.0") as mock:  # long enough for the cancel CLI to start up
+    prompts = [("a", f"d{i}", f"cancel me maybe {i} [[mock:hold]]") for i in range(4)]
+    with mock_provider() as mock:  # every call waits for mock.release(): in flight for sure while we cancel
         env = ledger_env(sqlite_url, mock, MAX_CONCURRENT_LLM_CALLS=2, LEDGER_POLL_INTERVAL=0.05)
         enqueue(env, write_requests(tmp_path / "c.jsonl", prompts), "--job", "j")
         daemon = start_daemon(env, log, "--until-idle")
@@ -40,6 +40,8 @@ def test_canceling_a_call_in_flight_never_lets_another_start_beside_it(sqlite_ur
         victim = store.list_requests(status="running")[0]["id"]
         out = subprocess.run([*LEDGER, "cancel", str(victim)], env=env, capture_output=True, text=True, check=True)
         assert "1 with a call in flight end canceled when the call returns" in out.stdout
+        assert mock.stats()["in_flight"] == 2  # nothing started beside the canceled call
+        mock.release()
         assert daemon.wait(timeout=60) == 0
         stats = mock.stats()
     assert stats["max_in_flight"] == 2  # the canceled call kept its slot until the provider answered

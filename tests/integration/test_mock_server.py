@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -130,3 +131,21 @@ def test_bad_fault_rate_is_one_line_and_exit_2() -> None:
         timeout=30,
     )
     assert result.returncode == 2 and "'503=lots'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_held_call_is_answered_only_once_released(mock: RunningMockProvider) -> None:
+    client = openai.OpenAI(api_key="k", base_url=mock.openai_base_url, max_retries=0)
+    answers: list[str] = []
+
+    def call() -> None:
+        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "wait [[mock:hold]]"}])
+        answers.append(reply.choices[0].message.content or "")
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    poll(mock.stats, lambda s: s["in_flight"] == 1)
+    caller.join(timeout=0.3)
+    assert caller.is_alive() and answers == []  # still held
+    mock.release()
+    caller.join(timeout=10)
+    assert len(answers) == 1 and "VERDICT:" in answers[0]
