@@ -35,9 +35,12 @@ LOG = logging.getLogger("ledger.record")
 class DbLane:
     """Runs blocking store calls in a worker thread, one at a time, retrying transient failures."""
 
-    def __init__(self, retry_seconds: float = 60.0) -> None:
+    def __init__(self, retry_seconds: float = 60.0, *, abandon_on_cancel: bool = False) -> None:
+        """`abandon_on_cancel`: a caller that gives up (a deadline) does not wait for the thread,
+        which finishes on its own; only for work whose outcome nobody waits for (renewals)."""
         self._limiter = anyio.CapacityLimiter(1)
         self._retry_seconds = retry_seconds
+        self._abandon = abandon_on_cancel
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await self.run_within(self._retry_seconds, fn, *args, **kwargs)
@@ -54,7 +57,9 @@ class DbLane:
         )
         async for attempt in retrying:
             with attempt:
-                return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), limiter=self._limiter)
+                return await anyio.to_thread.run_sync(
+                    lambda: fn(*args, **kwargs), limiter=self._limiter, abandon_on_cancel=self._abandon
+                )
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,14 +24,14 @@ from adapters.base import Adapter
 from adapters.registry import make_adapter
 from ledger import events
 from ledger.executor import CallContext, execute
-from ledger.record import RecorderStopped, one_line
+from ledger.record import DbLane, RecorderStopped, one_line
 from ledger.settings import Settings
 from ledger.store.claim import Held
 from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed, ReleasedRows, Written
 from ledger.waits import first_done
 
 LOG = logging.getLogger("ledger.scheduler")
-# Share of LEDGER_LEASE_SECONDS a daemon goes on without renewing its leases before it stops.
+# Share of LEDGER_LEASE_SECONDS a daemon works on without renewing a lease before it cuts the call off.
 LEASE_LAPSE = 0.75
 
 
@@ -59,6 +60,9 @@ class Scheduler:
         # (request id, lease token): the only ones it renews. Anything else under its name
         # in the database is left to expire.
         self._held: set[Held] = set()
+        self._calls: dict[Held, anyio.CancelScope] = {}  # each held lease's executor, to cut it off
+        self._renew_lane = DbLane(settings.db_retry_seconds, abandon_on_cancel=True)
+        self._renewing = False  # a renewal is running in the renew lane's thread
         self._stopping = False
         self._stop = anyio.Event()
         self._last_reclaim = -float("inf")
@@ -178,29 +182,15 @@ class Scheduler:
         tg.start_soon(self._execute, request, name=f"request-{request.id}")
 
     async def _execute(self, request: ClaimedRequest) -> None:
+        key = (request.id, request.token)
         try:
-            try:
-                adapter = await self.adapter_for(request.provider)
-            except ValueError as exc:  # e.g. a provider with no base URL configured
-                failure = AttemptFailure(None, "config_error", str(exc), 0)
-                if await self.ctx.recorder.submit(Failed(request, request.attempt, failure)) is not Written.APPLIED:
-                    return
-                events.failed(
-                    request.id,
-                    request.agent,
-                    request.dimension,
-                    None,
-                    "config_error",
-                    str(exc),
-                    request.attempt,
-                    0.0,
-                )
-                return
-            await execute(request, adapter, self.ctx)
+            with anyio.CancelScope() as self._calls[key]:  # cut off by `_cut_off` when its lease lapses
+                await self._call(request)
         except RecorderStopped:
             return  # the recorder's own failure stops the daemon; this request's lease will expire
         finally:
-            self._held.discard((request.id, request.token))
+            self._calls.pop(key, None)
+            self._held.discard(key)
             self.state.in_flight -= 1
             # The slot this request freed was refilled by the recorder's claim (or, when freed
             # outside an outcome, `slot_freed` woke the loop): only "all done" is news here.
@@ -208,40 +198,90 @@ class Scheduler:
                 self._all_done.set()
                 self._wake.set()
 
+    async def _call(self, request: ClaimedRequest) -> None:
+        try:
+            adapter = await self.adapter_for(request.provider)
+        except ValueError as exc:  # e.g. a provider with no base URL configured
+            failure = AttemptFailure(None, "config_error", str(exc), 0)
+            if await self.ctx.recorder.submit(Failed(request, request.attempt, failure)) is Written.APPLIED:
+                events.failed(
+                    request.id, request.agent, request.dimension, None, "config_error", str(exc), request.attempt, 0.0
+                )
+            return
+        await execute(request, adapter, self.ctx)
+
     async def wait_all_done(self) -> None:
         await self._all_done.wait()
 
     async def renew_leases(self) -> None:
         """Heartbeat and keep our leases alive through calls, back-offs and the shutdown grace.
 
-        Runs until the daemon cancels it; a dead process simply stops renewing. A
-        renewal the database refuses is logged and tried again, but only while the
-        leases last: past `LEASE_LAPSE` of the lease since the last renewal, other
-        daemons may take our requests over and call them beside us, so the
-        renewal's error is raised and stops the daemon (its calls are cut off).
+        Runs until the daemon cancels it; a dead process simply stops renewing.
+        Renewals go through their own lane, so they never queue behind a
+        transaction the main lane is retrying, and a renewal that hangs (a lock,
+        a dead connection) can be given up on. When the leases in hand have gone
+        unrenewed for `LEASE_LAPSE` of the lease, other daemons may soon take those
+        requests over and call them beside us: their calls are cut off here (the
+        rows go back to the queue when the leases expire, and the daemon goes on).
         """
         lease = self.settings.lease_seconds
         renewed_at = time.monotonic()
+        next_at = renewed_at + lease / 3
         while True:
-            await anyio.sleep(lease / 3)
+            await anyio.sleep(max(0.0, next_at - time.monotonic()))
+            held = sorted(self._held)
             attempt_at = time.monotonic()
+            deadline = renewed_at + lease * LEASE_LAPSE if held else math.inf
+            error = await self._try_renew(held, deadline - attempt_at)
+            if error is None:
+                renewed_at, next_at = attempt_at, attempt_at + lease / 3
+                continue
+            now = time.monotonic()
+            LOG.error(
+                "could not renew leases",
+                extra={"details": {"error": error, "seconds_since_renewal": round(now - renewed_at, 1)}},
+            )
+            if now >= deadline:
+                self._cut_off(held, now - renewed_at)
+            if now >= deadline or not held:  # nothing in hand is at risk any more
+                renewed_at = now
+            next_at = min(now + lease / 3, deadline)
+
+    async def _try_renew(self, held: list[Held], budget: float) -> str | None:
+        """One renewal within `budget` seconds; None when done, else why not."""
+        if self._renewing:  # a renewal given up on is still stuck in its thread: none piles on it
+            return "an earlier renewal is still waiting on the database"
+        with anyio.move_on_after(budget):
             try:
-                await self.ctx.lane.run_within(
-                    max(0.0, renewed_at + lease * LEASE_LAPSE - attempt_at),
-                    self.ctx.store.renew_leases,
-                    self.worker_id,
-                    lease,
-                    sorted(self._held),
+                await self._renew_lane.run_within(
+                    min(budget, self.settings.db_retry_seconds), self._renew_in_thread, held
                 )
             except DBAPIError as exc:
-                unrenewed = time.monotonic() - renewed_at
-                LOG.error(
-                    "could not renew leases",
-                    extra={"details": {"error": one_line(exc), "seconds_since_renewal": round(unrenewed, 1)}},
-                )
-                if not self._held:  # nothing to lose: a heartbeat missed by an idle daemon is harmless
-                    renewed_at = attempt_at
-                elif unrenewed >= lease * LEASE_LAPSE:
-                    raise
-            else:
-                renewed_at = attempt_at
+                return one_line(exc)
+            return None
+        return "the renewal did not finish in time"
+
+    def _renew_in_thread(self, held: list[Held]) -> int:
+        self._renewing = True
+        try:
+            return self.ctx.store.renew_leases(self.worker_id, self.settings.lease_seconds, held)
+        finally:
+            self._renewing = False
+
+    def _cut_off(self, held: list[Held], unrenewed: float) -> None:
+        """Stop working on leases about to lapse: cancel their calls and back-offs, renew them no more."""
+        cut = [key for key in held if key in self._calls]
+        for key in cut:
+            self._held.discard(key)
+            self._calls[key].cancel()
+        if cut:
+            LOG.error(
+                "leases not renewed in time: calls cut off, their requests go back to the queue when the leases expire",
+                extra={
+                    "details": {
+                        "count": len(cut),
+                        "request_ids": [request_id for request_id, _ in cut][:50],
+                        "seconds_since_renewal": round(unrenewed, 1),
+                    }
+                },
+            )

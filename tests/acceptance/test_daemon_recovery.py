@@ -10,9 +10,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import psycopg
 from sqlalchemy import text
 
 from ledger.store import Store
+from ledger.store.dialect import CLAIM_LOCK_KEY
 from tests.acceptance.procs import (
     LEDGER,
     balanced,
@@ -26,6 +28,7 @@ from tests.acceptance.procs import (
     wait_for,
     write_requests,
 )
+from tests.conftest import PG_DSN
 
 
 def test_canceling_a_call_in_flight_never_lets_another_start_beside_it(sqlite_url: str, tmp_path: Path) -> None:
@@ -135,41 +138,36 @@ def test_a_database_that_fails_for_good_stops_the_daemon_with_one_line(pg_url: s
     assert time.monotonic() - started < 30
 
 
-def test_a_daemon_that_cannot_renew_its_leases_stops_before_they_lapse(pg_url: str, tmp_path: Path) -> None:
-    """Past 3/4 of the lease without a renewal, other daemons may take its requests over and call
-    them beside it: it cuts its calls off and stops instead of calling on unleased."""
-    prompts = [("a", f"d{i}", f"long call {i}") for i in range(3)]
-    with mock_provider("--latency", "60") as mock:
+def test_calls_whose_leases_cannot_be_renewed_are_cut_off_before_the_leases_lapse(pg_url: str, tmp_path: Path) -> None:
+    """The database stops answering the daemon (here: another session sits on the claim lock
+    that every renewal takes). Past 3/4 of the lease, another daemon could take its requests
+    over and call them beside it, so it cuts its own calls off; once the database answers
+    again, the requests go back to the queue and are done, each answered once in the ledger."""
+    log = tmp_path / "daemon.log"
+    prompts = [("a", f"d{i}", f"held call {i} [[mock:hold]]") for i in range(3)]
+    with mock_provider() as mock:
         env = ledger_env(pg_url, mock, MAX_CONCURRENT_LLM_CALLS=3, LEDGER_LEASE_SECONDS=2)
         enqueue(env, write_requests(tmp_path / "l.jsonl", prompts))
-        daemon = subprocess.Popen(
-            [*LEDGER, "daemon"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        daemon = start_daemon(env, log, "--until-idle")
         wait_for(lambda: mock.stats()["in_flight"] == 3)
-        store = Store(pg_url)
-        with store.engine.begin() as conn:  # the database still answers, but refuses every heartbeat
-            conn.execute(
-                text(
-                    "CREATE FUNCTION refuse_heartbeat() RETURNS trigger LANGUAGE plpgsql AS"
-                    " $$ BEGIN RAISE EXCEPTION 'heartbeats refused'; END $$"
-                )
-            )
-            conn.execute(
-                text(
-                    "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON llm_workers"
-                    " FOR EACH ROW EXECUTE FUNCTION refuse_heartbeat()"
-                )
-            )
-        try:
-            _, stderr = daemon.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            raise AssertionError("the daemon went on calling without a lease") from None
-        wait_for(lambda: mock.stats()["in_flight"] == 0, timeout=10)  # its calls were cut off
+        blocker = psycopg.connect(PG_DSN, autocommit=True)
+        blocker.execute("SELECT pg_advisory_lock(%s)", (CLAIM_LOCK_KEY,))
+        blocked_at = time.monotonic()
+        wait_for(lambda: mock.stats()["in_flight"] == 0, timeout=10)  # the daemon hung up on all three
+        cut_after = time.monotonic() - blocked_at
+        mock.release()
+        blocker.close()  # the database answers again
+        assert daemon.wait(timeout=60) == 0, log.read_text()[-2000:]
+        per_prompt = mock.stats()["per_prompt"]
+    store = Store(pg_url)
     counts = store.status_counts()
+    with store.engine.connect() as conn:
+        outcomes = conn.execute(text("SELECT outcome, COUNT(*) FROM llm_attempts GROUP BY outcome")).all()
     store.close()
-    assert daemon.returncode == 1
-    last = stderr.strip().splitlines()[-1]
-    assert last.startswith("database failed, daemon stopped:") and "heartbeats refused" in last, stderr[-2000:]
-    assert "could not renew leases" in stderr
-    assert counts["running"] == 3  # left to expire: another daemon reclaims them, nothing is lost
+    assert cut_after < 2  # before the 2 s leases could lapse
+    assert counts["completed"] == 3 and dict(outcomes) == {"lost": 3, "succeeded": 3}
+    assert sorted(per_prompt.values()) == [2, 2, 2]
+    records = events(log)
+    cut = [e for e in records if e.get("message", "").startswith("leases not renewed in time")]
+    assert sum(e["count"] for e in cut) == 3
+    assert balanced(records)
