@@ -83,6 +83,11 @@ async def run_daemon(
     )
 
     no_grace = anyio.Event()
+    renewing = anyio.CancelScope()
+
+    async def keep_leases() -> None:
+        with renewing:
+            await scheduler.leases.run()
 
     async def watch_signals() -> None:
         nonlocal signalled
@@ -96,7 +101,7 @@ async def run_daemon(
     try:
         async with anyio.create_task_group() as services:
             await services.start(recorder.run)
-            services.start_soon(scheduler.renew_leases)
+            services.start_soon(keep_leases)
             if handle_signals:
                 services.start_soon(watch_signals)
             async with anyio.create_task_group() as work:
@@ -107,6 +112,7 @@ async def run_daemon(
                     work.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await recorder.flush()
+                renewing.cancel()  # no heartbeat may land after this worker retires
                 released = await lane.run(store.release_worker, worker, settings.retry_max_attempts)
                 await lane.run(store.retire_worker, worker)
                 scheduler.announce_released(released, "gave back slots of calls cut off at stop")

@@ -11,28 +11,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from sqlalchemy.exc import DBAPIError
 
 from adapters.base import Adapter
 from adapters.registry import make_adapter
 from ledger import events
 from ledger.executor import CallContext, execute
-from ledger.record import DbLane, RecorderStopped, one_line
+from ledger.leases import LeaseKeeper
+from ledger.record import RecorderStopped
 from ledger.settings import Settings
-from ledger.store.claim import Held
 from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed, ReleasedRows, Written
 from ledger.waits import first_done
 
 LOG = logging.getLogger("ledger.scheduler")
-# Share of LEDGER_LEASE_SECONDS a daemon works on without renewing a lease before it cuts the call off.
-LEASE_LAPSE = 0.75
 
 
 @dataclass
@@ -56,13 +52,7 @@ class Scheduler:
         self._all_done = anyio.Event()
         self._all_done.set()
         self._tg: TaskGroup | None = None
-        # Leases this process is working on (calling, or holding through a back-off), as
-        # (request id, lease token): the only ones it renews. Anything else under its name
-        # in the database is left to expire.
-        self._held: set[Held] = set()
-        self._calls: dict[Held, anyio.CancelScope] = {}  # each held lease's executor, to cut it off
-        self._renew_lane = DbLane(settings.db_retry_seconds, abandon_on_cancel=True)
-        self._renewing = False  # a renewal is running in the renew lane's thread
+        self.leases = LeaseKeeper(ctx.store, settings, worker_id)
         self._stopping = False
         self._stop = anyio.Event()
         self._last_reclaim = -float("inf")
@@ -87,7 +77,7 @@ class Scheduler:
         if not reclaim:
             return {**self.limits, "reclaim": False}
         self._last_reclaim = now
-        return {**self.limits, "reclaim": True, "held": sorted(self._held)}
+        return {**self.limits, "reclaim": True, "held": self.leases.held()}
 
     def slot_freed(self, claim: Claim | None = None) -> None:
         """Slots came free. With the claim the recorder made in the same transaction, they are
@@ -175,22 +165,19 @@ class Scheduler:
                 await first_done(self._wake.wait, stop.wait)
 
     def _start(self, tg: TaskGroup, request: ClaimedRequest) -> None:
-        self._held.add((request.id, request.token))
+        self.leases.hold((request.id, request.token))
         self.state.in_flight += 1
         self.state.claimed_total += 1
         self._all_done = anyio.Event()
         tg.start_soon(self._execute, request, name=f"request-{request.id}")
 
     async def _execute(self, request: ClaimedRequest) -> None:
-        key = (request.id, request.token)
         try:
-            with anyio.CancelScope() as self._calls[key]:  # cut off by `_cut_off` when its lease lapses
+            with self.leases.working_on((request.id, request.token)):  # cut off if its lease is lapsing
                 await self._call(request)
         except RecorderStopped:
             return  # the recorder's own failure stops the daemon; this request's lease will expire
         finally:
-            self._calls.pop(key, None)
-            self._held.discard(key)
             self.state.in_flight -= 1
             # The slot this request freed was refilled by the recorder's claim (or, when freed
             # outside an outcome, `slot_freed` woke the loop): only "all done" is news here.
@@ -212,76 +199,3 @@ class Scheduler:
 
     async def wait_all_done(self) -> None:
         await self._all_done.wait()
-
-    async def renew_leases(self) -> None:
-        """Heartbeat and keep our leases alive through calls, back-offs and the shutdown grace.
-
-        Runs until the daemon cancels it; a dead process simply stops renewing.
-        Renewals go through their own lane, so they never queue behind a
-        transaction the main lane is retrying, and a renewal that hangs (a lock,
-        a dead connection) can be given up on. When the leases in hand have gone
-        unrenewed for `LEASE_LAPSE` of the lease, other daemons may soon take those
-        requests over and call them beside us: their calls are cut off here (the
-        rows go back to the queue when the leases expire, and the daemon goes on).
-        """
-        lease = self.settings.lease_seconds
-        renewed_at = time.monotonic()
-        next_at = renewed_at + lease / 3
-        while True:
-            await anyio.sleep(max(0.0, next_at - time.monotonic()))
-            held = sorted(self._held)
-            attempt_at = time.monotonic()
-            deadline = renewed_at + lease * LEASE_LAPSE if held else math.inf
-            error = await self._try_renew(held, deadline - attempt_at)
-            if error is None:
-                renewed_at, next_at = attempt_at, attempt_at + lease / 3
-                continue
-            now = time.monotonic()
-            LOG.error(
-                "could not renew leases",
-                extra={"details": {"error": error, "seconds_since_renewal": round(now - renewed_at, 1)}},
-            )
-            if now >= deadline:
-                self._cut_off(held, now - renewed_at)
-            if now >= deadline or not held:  # nothing in hand is at risk any more
-                renewed_at = now
-            next_at = min(now + lease / 3, deadline)
-
-    async def _try_renew(self, held: list[Held], budget: float) -> str | None:
-        """One renewal within `budget` seconds; None when done, else why not."""
-        if self._renewing:  # a renewal given up on is still stuck in its thread: none piles on it
-            return "an earlier renewal is still waiting on the database"
-        with anyio.move_on_after(budget):
-            try:
-                await self._renew_lane.run_within(
-                    min(budget, self.settings.db_retry_seconds), self._renew_in_thread, held
-                )
-            except DBAPIError as exc:
-                return one_line(exc)
-            return None
-        return "the renewal did not finish in time"
-
-    def _renew_in_thread(self, held: list[Held]) -> int:
-        self._renewing = True
-        try:
-            return self.ctx.store.renew_leases(self.worker_id, self.settings.lease_seconds, held)
-        finally:
-            self._renewing = False
-
-    def _cut_off(self, held: list[Held], unrenewed: float) -> None:
-        """Stop working on leases about to lapse: cancel their calls and back-offs, renew them no more."""
-        cut = [key for key in held if key in self._calls]
-        for key in cut:
-            self._held.discard(key)
-            self._calls[key].cancel()
-        if cut:
-            LOG.error(
-                "leases not renewed in time: calls cut off, their requests go back to the queue when the leases expire",
-                extra={
-                    "details": {
-                        "count": len(cut),
-                        "request_ids": [request_id for request_id, _ in cut][:50],
-                        "seconds_since_renewal": round(unrenewed, 1),
-                    }
-                },
-            )

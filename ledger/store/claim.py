@@ -217,7 +217,9 @@ class ClaimQueries:
         with self.engine.begin() as conn:
             conn.execute(workers.delete().where(workers.c.worker_id == worker))
 
-    def renew_leases(self, worker: str, lease_seconds: float, held: Collection[Held] = ()) -> int:
+    def renew_leases(
+        self, worker: str, lease_seconds: float, held: Collection[Held] = (), *, wait_at_most: float | None = None
+    ) -> int:
         """Heartbeat (for fair shares) and extend the leases of the requests this worker is working on.
 
         Only `held` (request id, lease token), never "every row with my name": a row
@@ -225,8 +227,12 @@ class ClaimQueries:
         under the same worker id) must expire and be reclaimed, not be kept alive
         forever with nobody calling it; and a row claimed again since (a new
         token) is renewed by the executor working on that claim, not by this one.
+        `wait_at_most` bounds the database's waits (locks, statements): a renewal
+        given up on by the caller must not land later and revive leases let go.
         """
         with self.engine.begin() as conn:
+            if wait_at_most is not None:
+                self.dialect.bound_waits(conn, wait_at_most)
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             conn.execute(self.dialect.upsert(workers, ["worker_id"], {"worker_id": worker}, {"heartbeat_at": db_now()}))
             return _extend(conn, worker, lease_seconds, held)

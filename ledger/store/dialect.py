@@ -12,6 +12,8 @@ constructs defined here:
   takes a transaction-scoped advisory lock; SQLite gets the same guarantee from
   `BEGIN IMMEDIATE` (its single writer), set up in `configure_engine`.
 - `Dialect.for_update()`: `FOR UPDATE SKIP LOCKED` where it exists.
+- `Dialect.bound_waits()`: a transaction that gives up waiting after a deadline
+  (PostgreSQL's `lock_timeout` / `statement_timeout`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,17 @@ class Dialect:
         if self.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK_KEY})
         # SQLite: BEGIN IMMEDIATE already holds the only write lock.
+
+    def bound_waits(self, conn: Connection, seconds: float) -> None:
+        """Give up this transaction's lock waits and statements after `seconds`. PostgreSQL:
+        transaction-local `lock_timeout` and `statement_timeout`; SQLite's single lock wait is
+        its connection's busy timeout, left as it is."""
+        if self.name == "postgresql":
+            ms = str(max(1, int(seconds * 1000)))
+            conn.execute(
+                text("SELECT set_config('lock_timeout', :ms, true), set_config('statement_timeout', :ms, true)"),
+                {"ms": ms},
+            )
 
     def insert_ignore(self, table: Table, conflict_columns: list[str]) -> Insert:
         """INSERT that silently skips rows whose unique key already exists (idempotency)."""

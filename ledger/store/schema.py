@@ -71,7 +71,10 @@ def make_engine(url: str, *, ping_on_checkout: bool = True) -> tuple[Engine, Dia
         if database and database != ":memory:":
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     else:
-        kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=ping_on_checkout)
+        # TCP keepalives: a connection to a host that vanished (no FIN, no RST) fails within
+        # ~30 s instead of leaving a thread waiting on it for the kernel's two hours.
+        keepalive = {"keepalives": 1, "keepalives_idle": 15, "keepalives_interval": 5, "keepalives_count": 3}
+        kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=ping_on_checkout, connect_args=keepalive)
     engine = create_engine(normalized, **kwargs)
     return engine, configure_engine(engine)
 

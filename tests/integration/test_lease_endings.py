@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from ledger.enqueue import build_spec, to_row
 from ledger.store import Store
@@ -271,3 +272,21 @@ def test_cancel_catches_a_request_going_back_to_the_queue_at_that_moment(pg_url:
     assert claim(store, "w").requests == []  # it is not called again
     store.close()
     recorder.close()
+
+
+def test_a_renewal_given_up_on_never_lands_later(pg_url: str) -> None:
+    """The daemon gives up a renewal stuck behind a lock when its leases are about to lapse; the
+    database must give it up too, or it would land later and revive leases already let go."""
+    store, blocker = Store(pg_url), Store(pg_url)
+    add(store, 1)
+    (call,) = claim(store, "w").requests
+    before = store.get_request(call.id)["lease_expires_at"]  # type: ignore[index]
+    with blocker.engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CLAIM_LOCK_KEY})
+        with pytest.raises(DBAPIError, match="timeout"):
+            store.renew_leases("w", 600, [(call.id, call.token)], wait_at_most=0.2)
+        conn.commit()
+    assert store.get_request(call.id)["lease_expires_at"] == before  # type: ignore[index]
+    assert store.renew_leases("w", 600, [(call.id, call.token)], wait_at_most=5) == 1
+    store.close()
+    blocker.close()

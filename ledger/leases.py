@@ -1,0 +1,144 @@
+"""Keeping the leases a daemon works on alive, and letting go of them in time.
+
+A claimed row is leased to this daemon for `LEDGER_LEASE_SECONDS`; past that any
+daemon's claim may reclaim it and call the provider again. So the leases in hand
+are renewed every third of the lease, and a lease whose renewal cannot be had
+(the database refuses or hangs) is given up before it can lapse: its call is cut
+off, so a request is never called here beside a daemon that took it over. The
+row goes back to the queue when its lease expires; the daemon goes on.
+
+Renewals run in a lane of their own: they never queue behind a transaction the
+main lane is retrying, and one that hangs is given up on (its thread finishes on
+its own; the database bounds its waits by the same deadline).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import anyio
+from sqlalchemy.exc import DBAPIError
+
+from ledger.record import DbLane, one_line
+from ledger.settings import Settings
+from ledger.store import Store
+from ledger.store.claim import Held
+
+LOG = logging.getLogger("ledger.leases")
+# Share of LEDGER_LEASE_SECONDS a call goes on without its lease renewed before it is cut off.
+LEASE_LAPSE = 0.75
+
+
+class LeaseKeeper:
+    def __init__(self, store: Store, settings: Settings, worker_id: str) -> None:
+        self._store = store
+        self._worker = worker_id
+        self._lease = settings.lease_seconds
+        self._retry_seconds = settings.db_retry_seconds
+        # Per lease in hand (request id, lease token): when it was last known to run a full
+        # lease from (its claim, or the start of a renewal that covered it).
+        self._held: dict[Held, float] = {}
+        self._calls: dict[Held, anyio.CancelScope] = {}
+        self._lane = DbLane(settings.db_retry_seconds, abandon_on_cancel=True)
+        self._renewing = False  # a renewal is running in the lane's thread
+
+    def held(self) -> list[Held]:
+        """The leases this process is working on: the only ones it renews. Anything else under
+        its name in the database (left by a previous process with its id) is left to expire."""
+        return sorted(self._held)
+
+    def hold(self, key: Held) -> None:
+        """A lease just claimed: it runs a full lease from about now."""
+        self._held[key] = time.monotonic()
+
+    @contextmanager
+    def working_on(self, key: Held) -> Iterator[None]:
+        """The executor of a held lease: cancelled if the lease is about to lapse; let go at the end."""
+        try:
+            with anyio.CancelScope() as scope:
+                self._calls[key] = scope
+                if key not in self._held:  # cut off before its executor even started
+                    scope.cancel()
+                yield
+        finally:
+            self._calls.pop(key, None)
+            self._held.pop(key, None)
+
+    async def run(self) -> None:
+        """Heartbeat and renew until cancelled (a dead process simply stops renewing)."""
+        next_at = time.monotonic() + self._lease / 3
+        while True:
+            await anyio.sleep(max(0.0, next_at - time.monotonic()))
+            keys = self.held()
+            attempt_at = time.monotonic()
+            # The earliest lease at risk; with none in hand, one claimed from now on.
+            oldest = min((self._held.get(k, attempt_at) for k in keys), default=attempt_at)
+            deadline = oldest + self._lease * LEASE_LAPSE
+            error = await self._try_renew(keys, deadline - attempt_at)
+            if error is None:
+                for key in keys:
+                    if key in self._held:
+                        self._held[key] = max(self._held[key], attempt_at)
+                next_at = attempt_at + self._lease / 3
+                continue
+            now = time.monotonic()
+            LOG.error(
+                "could not renew leases",
+                extra={"details": {"error": error, "seconds_since_renewal": round(now - oldest, 1)}},
+            )
+            self._cut_off_lapsing(now)
+            soonest = min(self._held.values(), default=now) + self._lease * LEASE_LAPSE
+            next_at = min(now + self._lease / 3, soonest)
+
+    async def _try_renew(self, keys: list[Held], budget: float) -> str | None:
+        """One renewal within `budget` seconds; None when done, else why not."""
+        if self._renewing:  # a renewal given up on is still in its thread: none piles on it
+            return "an earlier renewal is still waiting on the database"
+        if budget <= 0:
+            return "no time left to renew"
+        deadline = time.monotonic() + budget
+        with anyio.move_on_after(budget):
+            try:
+                await self._lane.run_within(min(budget, self._retry_seconds), self._renew_in_thread, keys, deadline)
+            except DBAPIError as exc:
+                return one_line(exc)
+            except TimeoutError:
+                return "the renewal did not finish in time"
+            return None
+        return "the renewal did not finish in time"
+
+    def _renew_in_thread(self, keys: list[Held], deadline: float) -> int:
+        """In the lane's thread, each try bounded by what is left until `deadline`: a renewal
+        that landed after its caller gave up would revive leases already let go."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        self._renewing = True
+        try:
+            return self._store.renew_leases(self._worker, self._lease, keys, wait_at_most=left)
+        finally:
+            self._renewing = False
+
+    def _cut_off_lapsing(self, now: float) -> None:
+        """Cancel the calls (or back-offs) of leases unrenewed for LEASE_LAPSE of the lease."""
+        cut = [key for key, since in self._held.items() if now - since >= self._lease * LEASE_LAPSE]
+        oldest = min((self._held[key] for key in cut), default=now)
+        for key in cut:
+            del self._held[key]
+            scope = self._calls.get(key)
+            if scope is not None:
+                scope.cancel()
+        if cut:
+            LOG.error(
+                "leases not renewed in time: calls cut off, their requests go back to the queue when the leases expire",
+                extra={
+                    "details": {
+                        "count": len(cut),
+                        "request_ids": sorted(request_id for request_id, _ in cut)[:50],
+                        "seconds_since_renewal": round(now - oldest, 1),
+                    }
+                },
+            )
