@@ -113,6 +113,7 @@ async def run_daemon(
             with anyio.CancelScope(shield=True):
                 await recorder.flush()
                 renewing.cancel()  # no heartbeat may land after this worker retires
+                await scheduler.leases.settled(timeout=5)
                 released = await lane.run(store.release_worker, worker, settings.retry_max_attempts)
                 await lane.run(store.retire_worker, worker)
                 scheduler.announce_released(released, "gave back slots of calls cut off at stop")

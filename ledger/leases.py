@@ -50,9 +50,10 @@ class LeaseKeeper:
         its name in the database (left by a previous process with its id) is left to expire."""
         return sorted(self._held)
 
-    def hold(self, key: Held) -> None:
-        """A lease just claimed: it runs a full lease from about now."""
-        self._held[key] = time.monotonic()
+    def hold(self, key: Held, leased_at: float) -> None:
+        """A lease just claimed; `leased_at` (monotonic, taken before the claim wrote it) is
+        no later than the moment the database started it."""
+        self._held[key] = leased_at
 
     @contextmanager
     def working_on(self, key: Held) -> Iterator[None]:
@@ -77,11 +78,12 @@ class LeaseKeeper:
             # The earliest lease at risk; with none in hand, one claimed from now on.
             oldest = min((self._held.get(k, attempt_at) for k in keys), default=attempt_at)
             deadline = oldest + self._lease * LEASE_LAPSE
-            error = await self._try_renew(keys, deadline - attempt_at)
+            renewed, error = await self._try_renew(keys, deadline - attempt_at)
             if error is None:
-                for key in keys:
+                for key in renewed:
                     if key in self._held:
                         self._held[key] = max(self._held[key], attempt_at)
+                self._let_go(set(keys) - set(renewed))
                 next_at = attempt_at + self._lease / 3
                 continue
             now = time.monotonic()
@@ -93,24 +95,26 @@ class LeaseKeeper:
             soonest = min(self._held.values(), default=now) + self._lease * LEASE_LAPSE
             next_at = min(now + self._lease / 3, soonest)
 
-    async def _try_renew(self, keys: list[Held], budget: float) -> str | None:
-        """One renewal within `budget` seconds; None when done, else why not."""
+    async def _try_renew(self, keys: list[Held], budget: float) -> tuple[list[Held], str | None]:
+        """One renewal within `budget` seconds: (the leases renewed, None) or ([], why not)."""
         if self._renewing:  # a renewal given up on is still in its thread: none piles on it
-            return "an earlier renewal is still waiting on the database"
+            return [], "an earlier renewal is still waiting on the database"
         if budget <= 0:
-            return "no time left to renew"
+            return [], "no time left to renew"
         deadline = time.monotonic() + budget
         with anyio.move_on_after(budget):
             try:
-                await self._lane.run_within(min(budget, self._retry_seconds), self._renew_in_thread, keys, deadline)
+                renewed = await self._lane.run_within(
+                    min(budget, self._retry_seconds), self._renew_in_thread, keys, deadline
+                )
             except DBAPIError as exc:
-                return one_line(exc)
+                return [], one_line(exc)
             except TimeoutError:
-                return "the renewal did not finish in time"
-            return None
-        return "the renewal did not finish in time"
+                return [], "the renewal did not finish in time"
+            return renewed, None
+        return [], "the renewal did not finish in time"
 
-    def _renew_in_thread(self, keys: list[Held], deadline: float) -> int:
+    def _renew_in_thread(self, keys: list[Held], deadline: float) -> list[Held]:
         """In the lane's thread, each try bounded by what is left until `deadline`: a renewal
         that landed after its caller gave up would revive leases already let go."""
         left = deadline - time.monotonic()
@@ -121,6 +125,28 @@ class LeaseKeeper:
             return self._store.renew_leases(self._worker, self._lease, keys, wait_at_most=left)
         finally:
             self._renewing = False
+
+    def _let_go(self, lost: set[Held]) -> None:
+        """Leases held here that the renewal did not find ours any more (taken over after a pause
+        longer than the lease, or just finished): whatever call is still running stops."""
+        cut = [key for key in lost if key in self._held]
+        for key in cut:
+            del self._held[key]
+            scope = self._calls.get(key)
+            if scope is not None:
+                scope.cancel()
+        if cut:
+            LOG.warning(
+                "leases no longer ours (taken over or just finished): calls cut off",
+                extra={"details": {"count": len(cut), "request_ids": sorted(i for i, _ in cut)[:50]}},
+            )
+
+    async def settled(self, timeout: float) -> None:
+        """Wait (up to `timeout`) for a renewal still running in its thread, e.g. before the worker
+        retires: a heartbeat landing after that would count a stopped daemon as live."""
+        with anyio.move_on_after(timeout):
+            while self._renewing:
+                await anyio.sleep(0.01)
 
     def _cut_off_lapsing(self, now: float) -> None:
         """Cancel the calls (or back-offs) of leases unrenewed for LEASE_LAPSE of the lease."""

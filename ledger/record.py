@@ -147,13 +147,18 @@ class Recorder:
             for _, done, _box in pending:
                 done.set()
 
+    def _write(self, outcomes: list[Outcome], frees: bool) -> Recorded:
+        """One try, in the lane's thread. The claim's arguments are asked for at each try, not
+        once: a retry after an outage must not claim (or renew) with what was held before it."""
+        claim_args = self._claim_args() if frees else None
+        return self._store.record(outcomes, **(claim_args or {}))
+
     async def flush(self) -> None:
         while self._pending:
             group, self._pending = self._pending, []
             outcomes = [item[0] for item in group]
-            claim_args = self._claim_args() if any(_frees_slot(o) for o in outcomes) else None
             try:
-                recorded: Recorded = await self._lane.run(self._store.record, outcomes, **(claim_args or {}))
+                recorded = await self._lane.run(self._write, outcomes, any(_frees_slot(o) for o in outcomes))
             except BaseException:
                 self._pending = group + self._pending  # still unwritten: woken as such by run()
                 raise

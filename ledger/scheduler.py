@@ -110,7 +110,8 @@ class Scheduler:
             await adapter.aclose()
 
     async def claim_once(self, tg: TaskGroup) -> int:
-        claim = await self.ctx.lane.run(self.ctx.store.claim, self.worker_id, **self._limits_now())
+        # The limits are read at each try (the held leases change while a retry waits).
+        claim = await self.ctx.lane.run(lambda: self.ctx.store.claim(self.worker_id, **self._limits_now()))
         return self._accept(claim, tg)
 
     def _accept(self, claim: Claim, tg: TaskGroup) -> int:
@@ -121,7 +122,7 @@ class Scheduler:
         first = claim.active_slots - len(claim.requests)
         for i, request in enumerate(claim.requests, start=1):
             events.acquired(request.id, request.agent, request.dimension, first + i)
-            self._start(tg, request)
+            self._start(tg, request, claim.leased_at)
         return len(claim.requests)
 
     @staticmethod
@@ -164,8 +165,8 @@ class Scheduler:
             with anyio.move_on_after(self.settings.poll_interval):
                 await first_done(self._wake.wait, stop.wait)
 
-    def _start(self, tg: TaskGroup, request: ClaimedRequest) -> None:
-        self.leases.hold((request.id, request.token))
+    def _start(self, tg: TaskGroup, request: ClaimedRequest, leased_at: float) -> None:
+        self.leases.hold((request.id, request.token), leased_at)
         self.state.in_flight += 1
         self.state.claimed_total += 1
         self._all_done = anyio.Event()

@@ -188,6 +188,7 @@ class ClaimQueries:
         if not picked:
             return Claim([], total, reclaimed)
         params = {"b_ids": picked, "b_worker": worker, "b_lease": lease_seconds}
+        leased_at = time.monotonic()
         claimed = [to_claimed(r) for r in conn.execute(_TAKE, params)]
         conn.execute(
             START_ATTEMPT,
@@ -197,7 +198,7 @@ class ClaimQueries:
             ],
         )
         order = {request_id: i for i, request_id in enumerate(picked)}
-        return Claim(sorted(claimed, key=lambda r: order[r.id]), total + len(claimed), reclaimed)
+        return Claim(sorted(claimed, key=lambda r: order[r.id]), total + len(claimed), reclaimed, leased_at)
 
     def _reclaim_expired(self, conn: Connection, max_attempts: int) -> list[ClaimedRequest]:
         """End the leases of dead workers: back to the queue, or canceled / spent (see `_end_leases`)."""
@@ -219,7 +220,7 @@ class ClaimQueries:
 
     def renew_leases(
         self, worker: str, lease_seconds: float, held: Collection[Held] = (), *, wait_at_most: float | None = None
-    ) -> int:
+    ) -> list[Held]:
         """Heartbeat (for fair shares) and extend the leases of the requests this worker is working on.
 
         Only `held` (request id, lease token), never "every row with my name": a row
@@ -229,6 +230,7 @@ class ClaimQueries:
         token) is renewed by the executor working on that claim, not by this one.
         `wait_at_most` bounds the database's waits (locks, statements): a renewal
         given up on by the caller must not land later and revive leases let go.
+        Returns the leases renewed: one held but not returned is no longer ours.
         """
         with self.engine.begin() as conn:
             if wait_at_most is not None:
@@ -261,15 +263,16 @@ class LeaseEnd:
     max_attempts: int
 
 
-def _extend(conn: Connection, worker: str, lease_seconds: float, held: Collection[Held]) -> int:
+def _extend(conn: Connection, worker: str, lease_seconds: float, held: Collection[Held]) -> list[Held]:
     if not held:
-        return 0
-    result = conn.execute(
+        return []
+    rows = conn.execute(
         update(requests)
         .where(tuple_(_c.id, _c.lease_token).in_(list(held)), _c.lease_owner == worker, _c.status == RUNNING)
         .values(lease_expires_at=db_now_plus(lease_seconds))
+        .returning(_c.id, _c.lease_token)
     )
-    return int(result.rowcount)
+    return sorted((int(r.id), int(r.lease_token)) for r in rows)
 
 
 def _end_leases(conn: Connection, which: Any, end: LeaseEnd) -> list[ClaimedRequest]:

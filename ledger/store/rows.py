@@ -53,6 +53,8 @@ class Claim:
     active_slots: int  # requests in flight across every worker, after the claim
     # Expired leases of dead workers ended in the same transaction (requeued, canceled or spent).
     reclaimed: ReleasedRows = field(default=NOTHING_RELEASED)
+    # time.monotonic() just before the leases were written: they run a full lease from no earlier.
+    leased_at: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,20 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+# A connection to a host that vanished (no FIN, no RST) fails within ~30 s, whether idle
+# (keepalives), sending (tcp_user_timeout) or connecting (connect_timeout), instead of
+# leaving a thread waiting on it for the kernel's minutes to hours. A value given in the
+# URL's query string wins.
+LIBPQ_DEAD_HOST_LIMITS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 15,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
 def make_engine(url: str, *, ping_on_checkout: bool = True) -> tuple[Engine, Dialect]:
     """`ping_on_checkout` tests a pooled PostgreSQL connection before each use, so a long-lived
     process (a stage holding a `Ledger`) survives a server restart unnoticed. The daemon turns
@@ -71,10 +85,10 @@ def make_engine(url: str, *, ping_on_checkout: bool = True) -> tuple[Engine, Dia
         if database and database != ":memory:":
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     else:
-        # TCP keepalives: a connection to a host that vanished (no FIN, no RST) fails within
-        # ~30 s instead of leaving a thread waiting on it for the kernel's two hours.
-        keepalive = {"keepalives": 1, "keepalives_idle": 15, "keepalives_interval": 5, "keepalives_count": 3}
-        kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=ping_on_checkout, connect_args=keepalive)
+        kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=ping_on_checkout)
+        parsed = make_url(normalized)
+        if parsed.get_driver_name() == "psycopg":
+            kwargs["connect_args"] = {k: v for k, v in LIBPQ_DEAD_HOST_LIMITS.items() if k not in parsed.query}
     engine = create_engine(normalized, **kwargs)
     return engine, configure_engine(engine)
 

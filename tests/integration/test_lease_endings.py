@@ -140,7 +140,7 @@ def test_a_dead_worker_during_the_last_attempt_ends_the_request_in_error(
 def test_only_the_leases_a_worker_is_working_on_are_renewed(store: Store) -> None:
     add(store, 2)
     working, forgotten = claim(store, "w", lease=-1).requests
-    assert store.renew_leases("w", 30, [(working.id, working.token)]) == 1
+    assert store.renew_leases("w", 30, [(working.id, working.token)]) == [(working.id, working.token)]
     other = claim(store, "other")
     assert [r.id for r in other.reclaimed.requests] == [forgotten.id]
     row = store.get_request(working.id)
@@ -152,8 +152,8 @@ def test_a_lease_claimed_again_is_not_renewed_for_the_earlier_claim(store: Store
     (first,) = claim(store, "w", lease=-1).requests  # its lease ran out; it is reclaimed and claimed again
     (again,) = claim(store, "w", lease=-1).requests
     assert again.id == first.id and again.token != first.token
-    assert store.renew_leases("w", 30, [(first.id, first.token)]) == 0  # the stale executor's renewal
-    assert store.renew_leases("w", 30, [(again.id, again.token)]) == 1
+    assert store.renew_leases("w", 30, [(first.id, first.token)]) == []  # the stale executor's renewal
+    assert store.renew_leases("w", 30, [(again.id, again.token)]) == [(again.id, again.token)]
 
 
 def test_a_late_claimer_keeps_what_it_is_working_on_instead_of_reclaiming_it(store: Store) -> None:
@@ -280,13 +280,16 @@ def test_a_renewal_given_up_on_never_lands_later(pg_url: str) -> None:
     store, blocker = Store(pg_url), Store(pg_url)
     add(store, 1)
     (call,) = claim(store, "w").requests
+    key = (call.id, call.token)
     before = store.get_request(call.id)["lease_expires_at"]  # type: ignore[index]
     with blocker.engine.connect() as conn:
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CLAIM_LOCK_KEY})
-        with pytest.raises(DBAPIError, match="timeout"):
-            store.renew_leases("w", 600, [(call.id, call.token)], wait_at_most=0.2)
+        thread, box = in_thread(lambda: store.renew_leases("w", 600, [key], wait_at_most=0.2))
+        thread.join(timeout=10)  # without its own deadline it would wait here for the blocker
         conn.commit()
+    thread.join(timeout=10)
+    assert len(box) == 1 and isinstance(box[0], DBAPIError) and "timeout" in str(box[0]), box
     assert store.get_request(call.id)["lease_expires_at"] == before  # type: ignore[index]
-    assert store.renew_leases("w", 600, [(call.id, call.token)], wait_at_most=5) == 1
+    assert store.renew_leases("w", 600, [key], wait_at_most=5) == [key]
     store.close()
     blocker.close()
