@@ -129,17 +129,33 @@ class LeaseKeeper:
     def _let_go(self, lost: set[Held]) -> None:
         """Leases held here that the renewal did not find ours any more (taken over after a pause
         longer than the lease, or just finished): whatever call is still running stops."""
-        cut = [key for key in lost if key in self._held]
-        for key in cut:
+        self._cut(
+            [key for key in lost if key in self._held],
+            logging.WARNING,
+            "leases no longer ours (taken over or just finished): calls cut off",
+        )
+
+    def _cut_off_lapsing(self, now: float) -> None:
+        """Cancel the calls (or back-offs) of leases unrenewed for LEASE_LAPSE of the lease."""
+        lapsing = [key for key, since in self._held.items() if now - since >= self._lease * LEASE_LAPSE]
+        oldest = min((self._held[key] for key in lapsing), default=now)
+        self._cut(
+            lapsing,
+            logging.ERROR,
+            "leases not renewed in time: calls cut off, their requests go back to the queue when the leases expire",
+            seconds_since_renewal=round(now - oldest, 1),
+        )
+
+    def _cut(self, keys: list[Held], level: int, message: str, **details: object) -> None:
+        """Renew these leases no more and cancel whatever their executors are doing."""
+        for key in keys:
             del self._held[key]
             scope = self._calls.get(key)
             if scope is not None:
                 scope.cancel()
-        if cut:
-            LOG.warning(
-                "leases no longer ours (taken over or just finished): calls cut off",
-                extra={"details": {"count": len(cut), "request_ids": sorted(i for i, _ in cut)[:50]}},
-            )
+        if keys:
+            ids = sorted(request_id for request_id, _ in keys)[:50]
+            LOG.log(level, message, extra={"details": {"count": len(keys), "request_ids": ids, **details}})
 
     async def settled(self, timeout: float) -> None:
         """Wait (up to `timeout`) for a renewal still running in its thread, e.g. before the worker
@@ -147,24 +163,3 @@ class LeaseKeeper:
         with anyio.move_on_after(timeout):
             while self._renewing:
                 await anyio.sleep(0.01)
-
-    def _cut_off_lapsing(self, now: float) -> None:
-        """Cancel the calls (or back-offs) of leases unrenewed for LEASE_LAPSE of the lease."""
-        cut = [key for key, since in self._held.items() if now - since >= self._lease * LEASE_LAPSE]
-        oldest = min((self._held[key] for key in cut), default=now)
-        for key in cut:
-            del self._held[key]
-            scope = self._calls.get(key)
-            if scope is not None:
-                scope.cancel()
-        if cut:
-            LOG.error(
-                "leases not renewed in time: calls cut off, their requests go back to the queue when the leases expire",
-                extra={
-                    "details": {
-                        "count": len(cut),
-                        "request_ids": sorted(request_id for request_id, _ in cut)[:50],
-                        "seconds_since_renewal": round(now - oldest, 1),
-                    }
-                },
-            )
