@@ -16,6 +16,7 @@ import argparse
 import io
 import json
 import time
+from typing import Any
 
 import anyio
 import openai
@@ -49,23 +50,25 @@ async def bare_sdk_loop(base: str, n: int, limit: int) -> float:
     return time.perf_counter() - t0
 
 
-def makespan_of(log: io.StringIO) -> float:
-    """First `acquired` to last `released`: the time slots were in use, start-up excluded."""
+def daemon_run(
+    url: str, n: int, limit: int, provider: str, adapters: dict[str, Adapter] | None = None, **env: Any
+) -> tuple[float, float]:
+    """Enqueue `n` requests, run the daemon until idle: (makespan from the event log, whole run).
+
+    The makespan is first `acquired` to last `released`: the time slots were in use,
+    start-up excluded.
+    """
+    settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=url, MAX_CONCURRENT_LLM_CALLS=limit, **env)
+    with Ledger(settings=settings) as ledger:
+        ledger.enqueue_many(specs(n, provider=provider))
+    log = io.StringIO()
+    configure_logging("INFO", stream=log)
+    t0 = time.perf_counter()
+    anyio.run(lambda: run_daemon(settings, until_idle=True, adapters=adapters))
+    wall = time.perf_counter() - t0
     records = [json.loads(line) for line in log.getvalue().splitlines()]
     slots = [r["ts"] for r in records if r["event"] in ("acquired", "released")]
-    return float(max(slots) - min(slots))
-
-
-def in_process_makespan(kind: str, n: int, limit: int, latency: float) -> float:
-    with fresh_database(kind) as url:
-        settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=url, MAX_CONCURRENT_LLM_CALLS=limit)
-        with Ledger(settings=settings) as ledger:
-            ledger.enqueue_many(specs(n, provider="mock"))
-        log = io.StringIO()
-        configure_logging("INFO", stream=log)
-        adapters: dict[str, Adapter] = {"mock": MockAdapter(latency=latency)}
-        anyio.run(lambda: run_daemon(settings, until_idle=True, adapters=adapters))
-    return makespan_of(log)
+    return float(max(slots) - min(slots)), wall
 
 
 def main() -> int:
@@ -78,24 +81,14 @@ def main() -> int:
     ideal = args.requests / args.limit * args.latency
     with fresh_database(args.db) as url, mock_provider_process("--latency", str(args.latency)) as mock:
         base = mock.base_url
-        settings = load_settings(
-            _env_file=None,
-            LEDGER_DATABASE_URL=url,
-            MAX_CONCURRENT_LLM_CALLS=args.limit,
-            OPENAI_BASE_URL=base + "/v1",
-            OPENAI_API_KEY="bench",
+        makespan, wall = daemon_run(
+            url, args.requests, args.limit, "openai", OPENAI_BASE_URL=base + "/v1", OPENAI_API_KEY="bench"
         )
-        with Ledger(settings=settings) as ledger:
-            ledger.enqueue_many(specs(args.requests))
-        log = io.StringIO()
-        configure_logging("INFO", stream=log)
-        t0 = time.perf_counter()
-        anyio.run(lambda: run_daemon(settings, until_idle=True))
-        wall = time.perf_counter() - t0
         provider = mock.stats()
         bare = anyio.run(bare_sdk_loop, base, args.requests, args.limit)
-    makespan = makespan_of(log)
-    in_process = in_process_makespan(args.db, args.requests, args.limit, args.latency)
+    with fresh_database(args.db) as url:
+        adapters: dict[str, Adapter] = {"mock": MockAdapter(latency=args.latency)}
+        in_process, _ = daemon_run(url, args.requests, args.limit, "mock", adapters)
     print(f"db={args.db} requests={args.requests} limit={args.limit} latency={args.latency}s")
     print(
         f"makespan {makespan:.3f} s  ideal {ideal:.3f} s  ratio {makespan / ideal:.3f}  "

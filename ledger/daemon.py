@@ -22,11 +22,12 @@ from sqlalchemy.exc import DBAPIError
 from adapters.base import Adapter
 from ledger import events
 from ledger.executor import CallContext
-from ledger.record import DbLane, Recorder, one_line
+from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.scheduler import Scheduler
 from ledger.settings import Settings
 from ledger.store import Store
+from ledger.store.schema import one_line
 from ledger.waits import first_done
 
 

@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any
 
+from ledger.store.rows import ReleasedRows
+
 EVENTS = logging.getLogger("ledger.events")
 LOG = logging.getLogger("ledger")
 
@@ -96,6 +98,12 @@ def released(request_id: int, agent: str, dimension: str, active_slots: int, ts:
         },
         ts,
     )
+
+
+def slots_released(slots: ReleasedRows) -> None:
+    """One `released` per request whose slot one transaction gave up, stamped before its commit."""
+    for r in slots.requests:
+        released(r.id, r.agent, r.dimension, slots.active_slots, ts=slots.ts_before_commit)
 
 
 def retry(request_id: int, agent: str, dimension: str, attempt: int, status_code: int | None, delay_s: float) -> None:

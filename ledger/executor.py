@@ -17,7 +17,7 @@ from ledger import events
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.store import Store
-from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, Failed, RetryLater, Written
+from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, Failed, ReleasedRows, RetryLater, Written
 
 
 @dataclass(frozen=True)
@@ -105,13 +105,7 @@ async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -
         next_attempt = await ctx.lane.run(ctx.store.begin_attempt, request)
         if next_attempt.number is None:  # gave the slot back, canceled, or taken over while we waited
             if next_attempt.freed_slot:
-                events.released(
-                    request.id,
-                    request.agent,
-                    request.dimension,
-                    next_attempt.active_slots,
-                    ts=next_attempt.ts_before_commit,
-                )
+                events.slots_released(ReleasedRows([request], next_attempt.active_slots, next_attempt.ts_before_commit))
             ctx.recorder.notify_slot_freed()
             return
         attempt = next_attempt.number

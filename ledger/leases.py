@@ -22,10 +22,11 @@ from contextlib import contextmanager
 import anyio
 from sqlalchemy.exc import DBAPIError
 
-from ledger.record import DbLane, one_line
+from ledger.record import DbLane
 from ledger.settings import Settings
 from ledger.store import Store
 from ledger.store.claim import Held
+from ledger.store.schema import one_line
 
 LOG = logging.getLogger("ledger.leases")
 # Share of LEDGER_LEASE_SECONDS a call goes on without its lease renewed before it is cut off.

@@ -26,7 +26,8 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from ledger import events
 from ledger.store import Store
 from ledger.store.dialect import is_transient
-from ledger.store.rows import Claim, Completed, Failed, Outcome, Recorded, RetryLater, Written
+from ledger.store.rows import Claim, Completed, Failed, Outcome, Recorded, ReleasedRows, RetryLater, Written
+from ledger.store.schema import one_line
 
 T = TypeVar("T")
 LOG = logging.getLogger("ledger.record")
@@ -69,15 +70,6 @@ def _log_retry(state: RetryCallState) -> None:
         "database unavailable, trying again",
         extra={"details": {"attempt": state.attempt_number, "error": one_line(error)}},
     )
-
-
-def one_line(error: BaseException | None) -> str:
-    """A database error as one short line (no SQL, no parameters: those may hold prompts)."""
-    if error is None:
-        return ""
-    orig = getattr(error, "orig", None) or error
-    text = " ".join(str(orig).split())
-    return f"{type(orig).__name__}: {text[:300]}"
 
 
 class RecorderStopped(RuntimeError):
@@ -162,21 +154,16 @@ class Recorder:
             except BaseException:
                 self._pending = group + self._pending  # still unwritten: woken as such by run()
                 raise
-            freed = False
-            for (outcome, done, box), written in zip(group, recorded.written, strict=True):
+            pairs = list(zip(outcomes, recorded.written, strict=True))
+            freed_here = [
+                o.request for o, w in pairs if w is Written.CANCELED or (w is Written.APPLIED and _frees_slot(o))
+            ]
+            events.slots_released(ReleasedRows(freed_here, recorded.active_slots, recorded.ts_before_commit))
+            # A refused outcome frees nothing of ours (whoever took the row over freed the slot)
+            # but still means its executor stops: wake the claim loop all the same.
+            freed = any(w is not Written.APPLIED or _frees_slot(o) for o, w in pairs)
+            for (_, done, box), (_, written) in zip(group, pairs, strict=True):
                 box[0] = written
-                # A refused outcome frees nothing of ours (whoever took the row over freed the slot)
-                # but still means this executor stops: wake the claim loop all the same.
-                freed = freed or written is not Written.APPLIED or _frees_slot(outcome)
-                if written is Written.CANCELED or (written is Written.APPLIED and _frees_slot(outcome)):
-                    request = outcome.request
-                    events.released(
-                        request.id,
-                        request.agent,
-                        request.dimension,
-                        recorded.active_slots,
-                        ts=recorded.ts_before_commit,
-                    )
                 done.set()
             if freed or recorded.claim:
                 self._on_slot_freed(recorded.claim)

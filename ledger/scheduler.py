@@ -128,10 +128,7 @@ class Scheduler:
     @staticmethod
     def announce_released(released: ReleasedRows, why: str) -> None:
         """`released` events for slots freed without an outcome of ours (reclaim, restart, stop)."""
-        for request in released.requests:
-            events.released(
-                request.id, request.agent, request.dimension, released.active_slots, ts=released.ts_before_commit
-            )
+        events.slots_released(released)
         if released.requests:
             ids = [r.id for r in released.requests]
             LOG.warning(why, extra={"details": {"count": len(ids), "request_ids": ids[:50]}})

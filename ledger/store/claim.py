@@ -130,6 +130,7 @@ class ClaimQueries:
     def claim(self, worker: str, **limits: Any) -> Claim:
         """Take as many due requests as free slots allow, in one serialised transaction."""
         with self.engine.begin() as conn:
+            self.dialect.serialize_claimers(conn)
             return self._claim_in(conn, worker, **limits)
 
     def _claim_in(
@@ -144,10 +145,8 @@ class ClaimQueries:
         max_claims: int,
         reclaim: bool = True,
         held: Collection[Held] = (),
-        serialized: bool = False,
     ) -> Claim:
-        if not serialized:  # the caller may already hold the claim lock for this transaction
-            self.dialect.serialize_claimers(conn)
+        """The claim, inside a transaction that already holds the claim lock."""
         if reclaim:
             # A live claimer never reclaims what it is still working on, however late its
             # renewal (a database outage longer than the lease): it renews those first.

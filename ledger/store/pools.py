@@ -63,9 +63,10 @@ def note_rate_limited(
     moment each take their decrement (a read followed by a write would lose one).
     A pool with no learned limit yet starts from the requests it has in flight.
     """
-    lowered = _at_least_one(func.coalesce(pools.c.learned_limit, _running_in_sql(endpoint)) - count)
+    running = _running_in_sql(endpoint)
+    lowered = _at_least_one(func.coalesce(pools.c.learned_limit, running) - count)
     values: dict[str, Any] = {"successes": 0, "updated_at": db_now()}
-    first: dict[str, Any] = {"endpoint": endpoint, "learned_limit": _at_least_one(_running_in_sql(endpoint) - count)}
+    first: dict[str, Any] = {"endpoint": endpoint, "learned_limit": _at_least_one(running - count)}
     on_conflict: dict[str, Any] = {"learned_limit": lowered}
     if cooldown_s:
         until = db_now_plus(cooldown_s)
@@ -111,15 +112,7 @@ def note_successes(conn: Connection, endpoints: Iterable[str], probe_seconds: fl
 
 def over_learned_limit(conn: Connection, endpoint: str) -> bool:
     """More of the pool's requests in flight than its learned limit allows."""
-    limit = _learned_limit(conn, endpoint)
-    return limit is not None and _running_in(conn, endpoint) > limit
-
-
-def _learned_limit(conn: Connection, endpoint: str) -> int | None:
-    limit = conn.execute(select(pools.c.learned_limit).where(pools.c.endpoint == endpoint)).scalar_one_or_none()
-    return None if limit is None else int(limit)
-
-
-def _running_in(conn: Connection, endpoint: str) -> int:
-    """The pool's occupied slots."""
-    return int(conn.execute(select(_running_in_sql(endpoint))).scalar_one())
+    row = conn.execute(
+        select(pools.c.learned_limit, _running_in_sql(endpoint)).where(pools.c.endpoint == endpoint)
+    ).first()
+    return row is not None and row[0] is not None and int(row[1]) > int(row[0])

@@ -292,7 +292,7 @@ class QueueQueries(ClaimQueries):
             if succeeded:
                 pool_state.note_successes(conn, succeeded, self.pool_probe_seconds)
             if claim_for:
-                claim = self._claim_in(conn, claim_for, serialized=True, **limits)
+                claim = self._claim_in(conn, claim_for, **limits)
                 active = claim.active_slots - len(claim.requests)
             else:
                 claim, active = None, self._active(conn)
@@ -332,45 +332,46 @@ class QueueQueries(ClaimQueries):
         during the back-off ends the request here (`canceled`). `number` is None
         in those cases, and when the row is no longer ours (taken over while we slept).
         """
-        c = requests.c
         with self.engine.begin() as conn:
             if pool_state.over_learned_limit(conn, request.endpoint):
-                gave_back = conn.execute(
-                    update(requests)
-                    .where(self._fenced(request))
-                    .values(
-                        status=QUEUED,
-                        lease_owner=None,
-                        lease_expires_at=None,
-                        next_attempt_at=db_now(),
-                        updated_at=db_now(),
-                    )
-                ).rowcount
-                if gave_back:
+                if self._give_back(conn, request):
                     return NextAttempt(None, self._active(conn), time.time(), yielded=True)
             else:
-                number = conn.execute(
-                    update(requests)
-                    .where(self._fenced(request))
-                    .values(attempts=c.attempts + 1, updated_at=db_now())
-                    .returning(c.attempts, c.lease_owner)
-                ).first()
+                number = self._count_attempt(conn, request)
                 if number is not None:
-                    conn.execute(
-                        START_ATTEMPT,
-                        {
-                            "request_id": request.id,
-                            "attempt": number.attempts,
-                            "worker": number.lease_owner,
-                            "outcome": AttemptOutcome.RUNNING.value,
-                        },
-                    )
-                    return NextAttempt(int(number.attempts), 0, 0.0)
+                    return NextAttempt(number, 0, 0.0)
+            # Not live under this lease any more: a cancel waiting for it ends it here, else it was taken over.
             ended = conn.execute(
                 _CANCEL_UPDATES["other"],
                 {"b_id": request.id, "b_token": request.token, "b_why": "canceled during a back-off between attempts"},
             ).rowcount
             return NextAttempt(None, self._active(conn), time.time(), canceled=bool(ended))
+
+    def _give_back(self, conn: Connection, request: ClaimedRequest) -> bool:
+        """Back to the queue, due now, slot freed."""
+        gave_back = conn.execute(
+            update(requests)
+            .where(self._fenced(request))
+            .values(
+                status=QUEUED, lease_owner=None, lease_expires_at=None, next_attempt_at=db_now(), updated_at=db_now()
+            )
+        ).rowcount
+        return bool(gave_back)
+
+    def _count_attempt(self, conn: Connection, request: ClaimedRequest) -> int | None:
+        """The next attempt's number, counted on the request and opened as an attempt row."""
+        c = requests.c
+        row = conn.execute(
+            update(requests)
+            .where(self._fenced(request))
+            .values(attempts=c.attempts + 1, updated_at=db_now())
+            .returning(c.attempts, c.lease_owner)
+        ).first()
+        if row is None:
+            return None
+        opened = {"request_id": request.id, "attempt": row.attempts, "worker": row.lease_owner}
+        conn.execute(START_ATTEMPT, {**opened, "outcome": AttemptOutcome.RUNNING.value})
+        return int(row.attempts)
 
     def cancel(self, *, ids: list[int] | None = None, job_id: str | None = None) -> CancelResult:
         """Cancel requests that are not final yet.

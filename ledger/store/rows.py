@@ -115,11 +115,6 @@ class Written(Enum):
     CANCELED = "canceled"  # a cancel was waiting for this call: the request ended `canceled` here
     REFUSED = "refused"  # the row is no longer this lease's (taken over): nothing changed
 
-    @property
-    def ours(self) -> bool:
-        """This write changed the row (and, unless it holds the slot for a retry, freed it)."""
-        return self is not Written.REFUSED
-
 
 @dataclass(frozen=True)
 class Recorded:

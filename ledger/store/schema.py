@@ -29,6 +29,19 @@ class DatabaseError(RuntimeError):
     """The database cannot be reached or used; the message is one line."""
 
 
+def error_reason(error: BaseException) -> str:
+    """What the driver said, on one line (no SQL, no parameters: those may hold prompts)."""
+    return " ".join(str(getattr(error, "orig", None) or error).split())
+
+
+def one_line(error: BaseException | None) -> str:
+    """A database error as one short line, with the driver's error class."""
+    if error is None:
+        return ""
+    orig = getattr(error, "orig", None) or error
+    return f"{type(orig).__name__}: {error_reason(error)[:300]}"
+
+
 def normalize_url(url: str) -> str:
     """Accept the URLs people paste (`postgresql://`, `postgres://`) and use psycopg 3."""
     try:
@@ -105,8 +118,7 @@ def upgrade(engine: Engine) -> bool:
                 return False
     except OperationalError as exc:
         where = engine.url.render_as_string(hide_password=True)
-        reason = " ".join(str(exc.orig).split())
-        raise DatabaseError(f"cannot open database {where}: {reason}") from None
+        raise DatabaseError(f"cannot open database {where}: {error_reason(exc)}") from None
     cfg = alembic_config()
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":

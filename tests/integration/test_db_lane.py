@@ -6,8 +6,8 @@ chosen moment: while a statement runs, or while the COMMIT is under way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import anyio
 import psycopg
@@ -20,6 +20,8 @@ from ledger.record import DbLane
 from ledger.store import Store
 from ledger.store.queue import CancelResult
 from tests.conftest import PG_DSN
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -63,15 +65,20 @@ def cut_connection_once(store: Store, moment: str) -> list[int]:
     return cuts
 
 
+def counted(calls: list[int], fn: Callable[[], T]) -> Callable[[], T]:
+    """`fn`, noting each time the lane runs it."""
+
+    def run() -> T:
+        calls.append(1)
+        return fn()
+
+    return run
+
+
 def test_a_connection_cut_during_a_statement_is_tried_again_and_applied_once(store: Store) -> None:
     cuts = cut_connection_once(store, "statement")
     calls: list[int] = []
-
-    def cancel_first() -> CancelResult:
-        calls.append(1)
-        return store.cancel(ids=[1])
-
-    result = anyio.run(DbLane(retry_seconds=10).run, cancel_first)
+    result = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.cancel(ids=[1])))
     assert len(cuts) == 1 and len(calls) == 2  # the cut transaction was rolled back, then run again
     assert result == CancelResult(canceled=1, in_flight=0)
     assert store.status_counts()["canceled"] == 1
@@ -82,11 +89,6 @@ def test_a_connection_cut_during_commit_is_not_tried_again(store: Store) -> None
     (a second attempt row, an attempt counted twice), so the error surfaces instead."""
     cuts = cut_connection_once(store, "commit")
     calls: list[int] = []
-
-    def cancel_first() -> CancelResult:
-        calls.append(1)
-        return store.cancel(ids=[1])
-
     with pytest.raises(DBAPIError):
-        anyio.run(DbLane(retry_seconds=10).run, cancel_first)
+        anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.cancel(ids=[1])))
     assert len(cuts) == 1 and len(calls) == 1
