@@ -10,7 +10,7 @@ from __future__ import annotations
 import anyio
 
 from adapters.base import CallRequest, CallResult
-from adapters.mock_answers import chat_answer
+from adapters.mock_provider.answers import chat_answer
 
 
 class MockAdapter:

@@ -21,7 +21,7 @@ import anyio
 import httpx
 import openai
 
-from adapters.mock_server import mock_provider_process
+from adapters.mock_provider import mock_provider_process
 
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Evaluate item 1."}]}
 

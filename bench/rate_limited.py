@@ -15,7 +15,7 @@ import time
 import anyio
 import openai
 
-from adapters.mock_server import mock_provider_process
+from adapters.mock_provider import mock_provider_process
 from bench.common import fresh_database, specs
 from ledger.api import Ledger
 from ledger.daemon import run_daemon

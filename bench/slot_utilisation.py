@@ -23,7 +23,7 @@ import openai
 
 from adapters.base import Adapter
 from adapters.mock import MockAdapter
-from adapters.mock_server import mock_provider_process
+from adapters.mock_provider import mock_provider_process
 from bench.common import fresh_database, specs
 from ledger.api import Ledger
 from ledger.daemon import run_daemon

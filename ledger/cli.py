@@ -301,45 +301,22 @@ def daemon(
     )
 
 
-@app.command("mock-provider")
-def mock_provider(
-    port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8089,
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    latency: Annotated[float, typer.Option(help="Seconds per call.")] = 0.0,
-    jitter: Annotated[float, typer.Option(help="Up to this many extra seconds per call.")] = 0.0,
-    max_concurrency: Annotated[int | None, typer.Option(help="More in flight gets 429 + retry-after.")] = None,
-    rpm: Annotated[int | None, typer.Option(help="Requests per minute before 429.")] = None,
-    fault_rate: Annotated[
-        list[str] | None,
-        typer.Option(help="CODE=RATE, e.g. 429=0.1, 503=0.05, hang=0.01, malformed=0.01; repeatable."),
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the fault dice.")] = 0,
-    batch_latency: Annotated[float, typer.Option(help="Seconds until a batch job completes.")] = 0.5,
-) -> None:
-    """Serve a mock OpenAI + Anthropic provider (chat, messages, files, batches) for keyless runs."""
-    from adapters.mock_server import main as serve
+@app.command(
+    "mock-provider",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def mock_provider(ctx: typer.Context) -> None:
+    """Serve a mock OpenAI + Anthropic provider (chat, messages, files, batches) for keyless runs.
 
-    argv = [
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--latency",
-        str(latency),
-        "--jitter",
-        str(jitter),
-        "--seed",
-        str(seed),
-        "--batch-latency",
-        str(batch_latency),
-    ]
-    if max_concurrency is not None:
-        argv += ["--max-concurrency", str(max_concurrency)]
-    if rpm is not None:
-        argv += ["--rpm", str(rpm)]
-    for item in fault_rate or []:
-        argv += ["--fault-rate", item]
-    raise typer.Exit(serve(argv))
+    Flags (see --help): --port, --host, --latency, --jitter, --max-concurrency, --rpm,
+    --fault-rate CODE=RATE, --seed, and the batch faults --batch-latency,
+    --batch-finalize-seconds, --batch-create-stall, --batch-results-stall,
+    --batch-expire-rate, --batch-fail-rate, --batch-line-error-rate.
+    """
+    from adapters.mock_provider import main as serve
+
+    raise typer.Exit(serve(list(ctx.args)))
 
 
 @app.command()

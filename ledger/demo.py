@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from adapters.mock_server import MockProviderConfig, running_mock_provider
+from adapters.mock_provider import MockProviderConfig, running_mock_provider
 from ledger.api import Ledger
 from ledger.daemon import run_daemon
 from ledger.enqueue import build_spec

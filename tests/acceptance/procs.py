@@ -13,8 +13,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from adapters.mock_server import MockProviderProcess as MockProcess
-from adapters.mock_server import mock_provider_process
+from adapters.mock_provider import MockProviderProcess as MockProcess
+from adapters.mock_provider import mock_provider_process
 
 LEDGER = [sys.executable, "-m", "ledger.cli"]
 

@@ -12,7 +12,7 @@ import pytest
 from adapters.anthropic import AnthropicAdapter
 from adapters.base import CallRequest, ProviderError
 from adapters.compatible import CompatibleAdapter
-from adapters.mock_server import RunningMockProvider, running_mock_provider
+from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from adapters.openai import OpenAIAdapter
 
 

@@ -15,7 +15,7 @@ import anthropic
 import openai
 import pytest
 
-from adapters.mock_server import RunningMockProvider, parse_fault_rates, running_mock_provider
+from adapters.mock_provider import RunningMockProvider, parse_fault_rates, running_mock_provider
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from adapters.mock_answers import chat_answer, directives, prompt_key
+from adapters.mock_provider.answers import chat_answer, directives, prompt_key
 
 USER = [{"role": "user", "content": "Grade the essay."}]
 

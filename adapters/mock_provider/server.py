@@ -30,23 +30,28 @@ import json
 import random
 import signal
 import socket
-import subprocess
 import sys
 import time
-import uuid
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import h11
-import httpx
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 
-from adapters import mock_batches
-from adapters.mock_answers import chat_answer, directives, prompt_key, prompt_text
+from adapters.mock_provider.answers import chat_answer, directives, prompt_key, prompt_text
+from adapters.mock_provider.batches import BatchStore
+from adapters.mock_provider.wire import (
+    Reply,
+    anthropic_message,
+    error_reply,
+    error_type,
+    json_reply,
+    openai_completion,
+    rate_limited,
+)
 
 FAULT_KINDS = ("429", "408", "500", "502", "503", "529", "hang", "malformed")
 
@@ -64,19 +69,14 @@ class MockProviderConfig:
     seed: int = 0
     hang_seconds: float = 60.0
     batch_latency: float = 0.5
+    # Batch faults (see `batches.py` for the per-prompt directives).
+    batch_finalize_seconds: float = 0.0
+    batch_create_stall: float = 0.0
+    batch_results_stall: float = 0.0
+    batch_expire_rate: float = 0.0
+    batch_fail_rate: float = 0.0
+    batch_line_error_rate: float = 0.0
     backlog: int = 1024
-
-
-@dataclass
-class Reply:
-    status: int
-    body: bytes
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    content_type: str = "application/json"
-
-
-def json_reply(status: int, obj: Any, headers: list[tuple[str, str]] | None = None) -> Reply:
-    return Reply(status, json.dumps(obj).encode(), headers or [])
 
 
 class ClientGone(Exception):
@@ -88,7 +88,7 @@ class MockProviderServer:
         self.config = config or MockProviderConfig()
         self._rng = random.Random(self.config.seed)
         self._released: anyio.Event | None = None
-        self.batches = mock_batches.BatchStore(self)
+        self.batches = BatchStore(self.config, self._rng)
         self.reset()
 
     def reset(self) -> None:
@@ -98,6 +98,8 @@ class MockProviderServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._recent: deque[float] = deque()
+        if hasattr(self, "batches"):
+            self.batches.reset()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -106,6 +108,7 @@ class MockProviderServer:
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "per_prompt": dict(self.per_prompt),
+            **self.batches.stats(),
         }
 
     # -- serving ---------------------------------------------------------------
@@ -132,6 +135,8 @@ class MockProviderServer:
                         return
                     try:
                         reply = await self._dispatch(request, body, stream, conn)
+                        if reply.delay > 0:
+                            await self._think(reply.delay, stream, conn)
                     except ClientGone:
                         return
                     if not await self._write(conn, stream, reply):
@@ -173,11 +178,16 @@ class MockProviderServer:
 
     async def _write(self, conn: h11.Connection, stream: SocketStream, reply: Reply) -> bool:
         headers = [("content-type", reply.content_type), ("content-length", str(len(reply.body))), *reply.headers]
-        payload = conn.send(h11.Response(status_code=reply.status, headers=headers, reason=b""))
-        payload = (payload or b"") + (conn.send(h11.Data(data=reply.body)) or b"")
-        payload += conn.send(h11.EndOfMessage()) or b""
+        head = conn.send(h11.Response(status_code=reply.status, headers=headers, reason=b"")) or b""
+        cut, pause = reply.stall or (0, 0.0)
         try:
-            await stream.send(payload)  # one write: headers and body together
+            if pause > 0:  # a download stalled half-way: the first part, a pause, then the rest
+                await stream.send(head + (conn.send(h11.Data(data=reply.body[:cut])) or b""))
+                head = b""
+                await anyio.sleep(pause)
+            tail = reply.body[cut:] if pause > 0 else reply.body
+            # One write: headers and body together.
+            await stream.send(head + (conn.send(h11.Data(data=tail)) or b"") + (conn.send(h11.EndOfMessage()) or b""))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError):
             return False
         return True
@@ -221,7 +231,8 @@ class MockProviderServer:
 
     async def _dispatch(self, request: h11.Request, body: bytes, stream: SocketStream, conn: h11.Connection) -> Reply:
         method = request.method.decode()
-        path = request.target.decode().split("?", 1)[0]
+        target = request.target.decode()
+        path = target.split("?", 1)[0]
         host = dict(request.headers).get(b"host", b"").decode() or f"{self.config.host}:{self.port}"
         if method == "GET" and path == "/_stats":
             return json_reply(200, self.stats())
@@ -235,7 +246,7 @@ class MockProviderServer:
             return await self._model_call("openai", body, stream, conn)
         if method == "POST" and path == "/v1/messages":
             return await self._model_call("anthropic", body, stream, conn)
-        reply = self.batches.route(method, path, body, dict(request.headers), host)
+        reply = self.batches.route(method, target, body, dict(request.headers), host)
         if reply is not None:
             return reply
         return json_reply(404, {"error": {"type": "not_found_error", "message": f"no route {method} {path}"}})
@@ -318,7 +329,7 @@ class MockProviderServer:
             status = int(fault)
             if status == 429:
                 return rate_limited(wire, float(found.get("retry_after", 1)), "rate limited (injected)")
-            return error_reply(wire, status, _error_type(status), f"injected {status}")
+            return error_reply(wire, status, error_type(status), f"injected {status}")
         answer = chat_answer(payload.get("model", "mock"), system, messages, payload.get("response_format"))
         if wire == "openai":
             return json_reply(
@@ -346,139 +357,6 @@ class MockProviderServer:
         return None
 
 
-def _error_type(status: int) -> str:
-    return {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        403: "permission_error",
-        404: "not_found_error",
-        408: "timeout_error",
-        429: "rate_limit_error",
-        529: "overloaded_error",
-    }.get(status, "api_error")
-
-
-def error_reply(wire: str, status: int, kind: str, message: str, headers: list[tuple[str, str]] | None = None) -> Reply:
-    if wire == "anthropic":
-        return json_reply(status, {"type": "error", "error": {"type": kind, "message": message}}, headers)
-    return json_reply(status, {"error": {"type": kind, "code": kind, "message": message}}, headers)
-
-
-def rate_limited(wire: str, retry_after: float, message: str) -> Reply:
-    headers = [("retry-after", f"{retry_after:g}"), ("retry-after-ms", str(int(retry_after * 1000)))]
-    return error_reply(wire, 429, "rate_limit_error", message, headers)
-
-
-def openai_completion(model: str, text: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop", "logprobs": None}
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
-
-
-def anthropic_message(model: str, text: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    return {
-        "id": f"msg_{uuid.uuid4().hex[:24]}",
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": "end_turn",
-        "stop_sequence": None,
-        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
-    }
-
-
-# -- running it -------------------------------------------------------------------
-
-
-class MockProviderAddress:
-    """Where a running mock provider answers, and its control endpoints."""
-
-    base_url: str
-
-    @property
-    def openai_base_url(self) -> str:
-        return self.base_url + "/v1"
-
-    @property
-    def anthropic_base_url(self) -> str:
-        return self.base_url
-
-    def stats(self) -> dict[str, Any]:
-        return dict(httpx.get(self.base_url + "/_stats", timeout=10).json())
-
-    def release(self) -> None:
-        """Let every `[[mock:hold]]` call, now and from now on, be answered."""
-        httpx.post(self.base_url + "/_release", timeout=10).raise_for_status()
-
-    def reset(self) -> None:
-        httpx.post(self.base_url + "/_reset", timeout=10)
-
-
-@dataclass
-class RunningMockProvider(MockProviderAddress):
-    """A mock provider served from a thread of this process."""
-
-    port: int
-    server: MockProviderServer
-
-    @property
-    def base_url(self) -> str:  # type: ignore[override]
-        return f"http://127.0.0.1:{self.port}"
-
-
-@dataclass
-class MockProviderProcess(MockProviderAddress):
-    """A mock provider in a child process (its CPU does not compete with the caller's)."""
-
-    proc: subprocess.Popen[str]
-    base_url: str
-
-
-@contextmanager
-def mock_provider_process(
-    *args: str, command: Sequence[str] = (sys.executable, "-m", "adapters.mock_server")
-) -> Iterator[MockProviderProcess]:
-    """Start `command --port 0 ARGS...`, wait for its `listening on URL` line, SIGTERM it on exit."""
-    proc = subprocess.Popen([*command, "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if "listening on" not in line:
-            failed = proc.stderr.read() if proc.stderr and proc.poll() is not None else ""
-            raise RuntimeError(f"mock provider did not start: {line!r} {failed}")
-        yield MockProviderProcess(proc, line.strip().rsplit(" ", 1)[-1])
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-@contextmanager
-def running_mock_provider(config: MockProviderConfig | None = None, **overrides: Any) -> Iterator[RunningMockProvider]:
-    """Run the server in a background thread with its own event loop; stop it on exit."""
-    server = MockProviderServer(config or MockProviderConfig(**overrides))
-    with anyio.from_thread.start_blocking_portal() as portal:
-        serving, port = portal.start_task(server.serve)
-        try:
-            yield RunningMockProvider(port, server)
-        finally:
-            serving.cancel()
-
-
 def parse_fault_rates(items: list[str]) -> dict[str, float]:
     rates: dict[str, float] = {}
     for item in items:
@@ -495,8 +373,18 @@ def parse_fault_rates(items: list[str]) -> dict[str, float]:
     return rates
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def add_usage(self, usage: Any, actions: Any, groups: Any, prefix: str | None = None) -> None:
+        super().add_usage(usage, actions, groups, prefix="Usage: ")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ledger mock-provider", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="ledger mock-provider",
+        usage="%(prog)s [OPTIONS]",
+        description=__doc__.splitlines()[0],
+        formatter_class=_HelpFormatter,
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--latency", type=float, default=0.0)
@@ -505,7 +393,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rpm", type=int, default=None)
     parser.add_argument("--fault-rate", action="append", default=[])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-latency", type=float, default=0.5)
+    parser.add_argument("--batch-latency", type=float, default=0.5, help="seconds a batch stays in progress")
+    parser.add_argument("--batch-finalize-seconds", type=float, default=0.0, help="then finalizing this long")
+    parser.add_argument("--batch-create-stall", type=float, default=0.0, help="create answers this late")
+    parser.add_argument("--batch-results-stall", type=float, default=0.0, help="downloads pause half-way")
+    parser.add_argument("--batch-expire-rate", type=float, default=0.0, help="share of batches that expire")
+    parser.add_argument("--batch-fail-rate", type=float, default=0.0, help="share failing validation")
+    parser.add_argument("--batch-line-error-rate", type=float, default=0.0, help="share of lines answering 500")
     args = parser.parse_args(argv)
     try:
         faults = parse_fault_rates(args.fault_rate)
@@ -522,6 +416,12 @@ def main(argv: list[str] | None = None) -> int:
         fault_rates=faults,
         seed=args.seed,
         batch_latency=args.batch_latency,
+        batch_finalize_seconds=args.batch_finalize_seconds,
+        batch_create_stall=args.batch_create_stall,
+        batch_results_stall=args.batch_results_stall,
+        batch_expire_rate=args.batch_expire_rate,
+        batch_fail_rate=args.batch_fail_rate,
+        batch_line_error_rate=args.batch_line_error_rate,
     )
     server = MockProviderServer(config)
 
@@ -540,7 +440,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,407 @@
+"""The mock provider's batch routes: OpenAI Files + Batch API, Anthropic Message Batches.
+
+Just enough state for the real SDKs to run a batch round trip: files are kept
+in memory, a batch is answered line by line with the same deterministic answers
+as the online routes, and its status moves on with time whenever it is read
+(in progress for `batch_latency`, then finalizing for `batch_finalize_seconds`).
+Anthropic's `results_url` points back at this server.
+
+Faults, by flag (a rate per batch or per line) or by directive in a prompt
+(counted per prompt across batches, like the online `fail=503x2`):
+
+    [[mock:fail=500x1]]      this line errors (status 500) in the first batch that carries it
+    [[mock:expire]]          a batch carrying it ends `expired`; this line gets no result,
+                             the others do (partial results); `expire=N`: its first N batches
+    [[mock:invalid]]         the batch fails validation at this line (OpenAI: status `failed`
+                             with the line number; Anthropic: the create call answers 400)
+    [[mock:create_stall=S]]  the create call registers the batch, then answers S seconds later
+
+Flags: `batch_expire_rate` (the batch expires; every other line gets no result),
+`batch_fail_rate` (validation failure of the whole batch), `batch_line_error_rate`
+(a line answers 500), `batch_create_stall`, `batch_results_stall` (a results
+download stops half-way for that long).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.parser import BytesParser
+from email.policy import default as email_policy
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+from adapters.mock_provider.answers import chat_answer, directives, prompt_key, prompt_text
+from adapters.mock_provider.wire import Reply, anthropic_message, error_reply, json_reply, openai_completion
+
+if TYPE_CHECKING:
+    from adapters.mock_provider.server import MockProviderConfig
+
+
+def _rfc3339(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z") if ts is not None else None
+
+
+@dataclass
+class StoredFile:
+    id: str
+    filename: str
+    purpose: str
+    content: bytes
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": len(self.content),
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+        }
+
+
+@dataclass
+class LinePlan:
+    """What becomes of one request of a batch, decided when the batch is created."""
+
+    custom_id: str
+    params: dict[str, Any]
+    status: int = 200  # 200, or the error status this line answers with
+    unfinished: bool = False  # no result: the batch expires (or is canceled) before reaching it
+
+
+@dataclass
+class Batch:
+    id: str
+    kind: str  # "openai" | "anthropic"
+    lines: list[LinePlan]
+    created: float = field(default_factory=time.time)
+    endpoint: str = "/v1/chat/completions"
+    input_file_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    expires: bool = False
+    invalid_lines: list[int] = field(default_factory=list)  # 0-based
+    canceled_at: float | None = None
+    finished_share: float = 1.0  # of the lines, answered before a cancel came
+    results: list[dict[str, Any]] | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+
+
+class BatchStore:
+    def __init__(self, config: MockProviderConfig, rng: Any) -> None:
+        self.config = config
+        self.rng = rng
+        self.files: dict[str, StoredFile] = {}
+        self.batches: dict[str, Batch] = {}
+        self.seen: Counter[str] = Counter()  # per prompt: batches that carried it
+        self.creates: Counter[str] = Counter()  # batches accepted, per wire
+
+    def stats(self) -> dict[str, Any]:
+        return {"batch_creates": dict(self.creates), "batch_ids": list(self.batches)}
+
+    def reset(self) -> None:
+        self.creates.clear()
+
+    def route(self, method: str, target: str, body: bytes, headers: dict[bytes, bytes], host: str) -> Reply | None:
+        path, _, query = target.partition("?")
+        args = {k: v[0] for k, v in parse_qs(query).items()}
+        parts = path.strip("/").split("/")
+        if method == "POST" and path == "/v1/files":
+            return json_reply(200, self._upload(body, headers.get(b"content-type", b"").decode()).describe())
+        if parts[:2] == ["v1", "files"] and len(parts) >= 3 and parts[2] in self.files:
+            stored = self.files[parts[2]]
+            if len(parts) == 4 and parts[3] == "content":
+                return self._download(stored.content, "application/octet-stream")
+            return json_reply(200, stored.describe())
+        if method == "POST" and path == "/v1/batches":
+            return self._openai_create(json.loads(body))
+        if method == "GET" and path == "/v1/batches":
+            return json_reply(200, self._list("openai", args.get("after"), int(args.get("limit", 20)), host))
+        if parts[:2] == ["v1", "batches"] and len(parts) >= 3 and parts[2] in self.batches:
+            batch = self.batches[parts[2]]
+            if method == "POST" and parts[-1] == "cancel":
+                self._cancel(batch)
+            return json_reply(200, self._openai_view(batch))
+        if method == "POST" and path == "/v1/messages/batches":
+            return self._anthropic_create(json.loads(body)["requests"], host)
+        if method == "GET" and path == "/v1/messages/batches":
+            return json_reply(200, self._list("anthropic", args.get("after_id"), int(args.get("limit", 20)), host))
+        if parts[:3] == ["v1", "messages", "batches"] and len(parts) >= 4 and parts[3] in self.batches:
+            batch = self.batches[parts[3]]
+            if method == "POST" and parts[-1] == "cancel":
+                self._cancel(batch)
+            if parts[-1] == "results":
+                if not self._ended(batch):
+                    return error_reply("anthropic", 400, "invalid_request_error", "batch has not ended")
+                self._finish(batch)
+                lines = "".join(json.dumps(r) + "\n" for r in batch.results or [])
+                return self._download(lines.encode(), "application/x-jsonl")
+            return json_reply(200, self._anthropic_view(batch, host))
+        return None
+
+    def _download(self, content: bytes, content_type: str) -> Reply:
+        stall = self.config.batch_results_stall
+        if stall <= 0 or not content:
+            return Reply(200, content, content_type=content_type)
+        half = content.rfind(b"\n", 0, len(content) // 2) + 1  # a line boundary near the middle
+        return Reply(200, content, content_type=content_type, stall=(half, stall))
+
+    def _upload(self, body: bytes, content_type: str) -> StoredFile:
+        message = BytesParser(policy=email_policy).parsebytes(
+            b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body
+        )
+        fields: dict[str, Any] = {}
+        filename = "upload.jsonl"
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            given = part.get_filename()
+            if given:
+                filename = given
+            fields[str(name)] = part.get_payload(decode=True)
+        stored = StoredFile(
+            f"file-{uuid.uuid4().hex[:24]}",
+            filename,
+            (fields.get("purpose") or b"batch").decode(),
+            fields.get("file") or b"",
+        )
+        self.files[stored.id] = stored
+        return stored
+
+    # -- creating --------------------------------------------------------------
+
+    def _plan(self, kind: str, requests: list[dict[str, Any]], **extra: Any) -> tuple[Batch, float]:
+        """A new batch with every line's fate decided now; and how long its create call stalls."""
+        prefix = "batch_" if kind == "openai" else "msgbatch_"
+        batch = Batch(f"{prefix}{uuid.uuid4().hex[:24]}", kind, [], **extra)
+        stall = self.config.batch_create_stall
+        batch.expires = self.rng.random() < self.config.batch_expire_rate
+        if self.rng.random() < self.config.batch_fail_rate:
+            batch.invalid_lines = [0]
+        for i, request in enumerate(requests):
+            params = (request.get("body") if kind == "openai" else request.get("params")) or {}
+            key = prompt_key(params.get("system"), params.get("messages", []))
+            self.seen[key] += 1
+            found = directives(prompt_text(params.get("system"), params.get("messages", [])))
+            line = LinePlan(str(request.get("custom_id")), params)
+            if "fail" in found:
+                status, _, times = found["fail"].partition("x")
+                if times == "*" or self.seen[key] <= int(times or 1):
+                    line.status = int(status)
+            elif self.rng.random() < self.config.batch_line_error_rate:
+                line.status = 500
+            if "expire" in found and self.seen[key] <= int(found["expire"] or 1):
+                batch.expires, line.unfinished = True, True
+            if "invalid" in found:
+                batch.invalid_lines.append(i)
+            if "create_stall" in found:
+                stall = max(stall, float(found["create_stall"]))
+            batch.lines.append(line)
+        if batch.expires and not any(line.unfinished for line in batch.lines):
+            for line in batch.lines[1::2]:  # expired by the dice: every other line unfinished
+                line.unfinished = True
+        return batch, stall
+
+    def _accept(self, batch: Batch) -> None:
+        self.batches[batch.id] = batch
+        self.creates[batch.kind] += 1
+
+    def _openai_create(self, payload: dict[str, Any]) -> Reply:
+        source = self.files[payload["input_file_id"]]
+        requests = [json.loads(line) for line in source.content.decode().splitlines() if line.strip()]
+        batch, stall = self._plan(
+            "openai",
+            requests,
+            endpoint=payload.get("endpoint", "/v1/chat/completions"),
+            input_file_id=source.id,
+            metadata=payload.get("metadata"),
+        )
+        self._accept(batch)
+        reply = json_reply(200, self._openai_view(batch))
+        reply.delay = stall
+        return reply
+
+    def _anthropic_create(self, requests: list[dict[str, Any]], host: str) -> Reply:
+        batch, stall = self._plan("anthropic", requests)
+        if batch.invalid_lines:  # Anthropic validates the whole request body up front
+            first = sorted(batch.invalid_lines)[0]
+            return error_reply(
+                "anthropic", 400, "invalid_request_error", f"requests.{first}.params: invalid request (injected)"
+            )
+        self._accept(batch)
+        reply = json_reply(200, self._anthropic_view(batch, host))
+        reply.delay = stall
+        return reply
+
+    # -- time passing ----------------------------------------------------------
+
+    def _elapsed(self, batch: Batch) -> float:
+        return time.time() - batch.created
+
+    def _ended(self, batch: Batch) -> bool:
+        finalize = self.config.batch_finalize_seconds
+        if batch.invalid_lines:
+            return True
+        if batch.canceled_at is not None:
+            return time.time() - batch.canceled_at >= finalize
+        return self._elapsed(batch) >= self.config.batch_latency + finalize
+
+    def _cancel(self, batch: Batch) -> None:
+        if batch.canceled_at is not None or self._ended(batch):
+            return
+        batch.canceled_at = time.time()
+        latency = self.config.batch_latency
+        batch.finished_share = min(1.0, self._elapsed(batch) / latency) if latency > 0 else 1.0
+
+    def _finish(self, batch: Batch) -> None:
+        """Answer every request of an ended batch once (the same answers as online calls)."""
+        if batch.results is not None:
+            return
+        finished = int(len(batch.lines) * batch.finished_share)
+        batch.results = [
+            self._result(batch, line, canceled=batch.canceled_at is not None and i >= finished)
+            for i, line in enumerate(batch.lines)
+        ]
+        if batch.kind == "openai":
+            ok = [r for r in batch.results if r.get("response") and r["response"]["status_code"] == 200]
+            bad = [r for r in batch.results if r.get("custom_id") and r not in ok]
+            batch.output_file_id = self._file(batch, "output", ok)
+            batch.error_file_id = self._file(batch, "errors", bad) if bad else None
+
+    def _file(self, batch: Batch, name: str, rows: list[dict[str, Any]]) -> str:
+        stored = StoredFile(
+            f"file-{uuid.uuid4().hex[:24]}",
+            f"{batch.id}_{name}.jsonl",
+            "batch_output",
+            "".join(json.dumps(r) + "\n" for r in rows).encode(),
+        )
+        self.files[stored.id] = stored
+        return stored.id
+
+    def _result(self, batch: Batch, line: LinePlan, canceled: bool) -> dict[str, Any]:
+        """The result line of one request; `{}` (left out) for a canceled OpenAI line."""
+        model = line.params.get("model", "mock")
+        system, messages = line.params.get("system"), line.params.get("messages", [])
+        if batch.kind == "anthropic":
+            result: dict[str, Any]
+            if canceled:
+                result = {"type": "canceled"}
+            elif line.unfinished:
+                result = {"type": "expired"}
+            elif line.status != 200:
+                error = {"type": "api_error" if line.status >= 500 else "invalid_request_error"}
+                result = {"type": "errored", "error": {"type": "error", "error": error | {"message": "injected"}}}
+            else:
+                answer = chat_answer(model, system, messages, None)
+                message = anthropic_message(model, answer.text, answer.input_tokens, answer.output_tokens)
+                result = {"type": "succeeded", "message": message}
+            return {"custom_id": line.custom_id, "result": result}
+        if canceled:
+            return {}  # OpenAI: a canceled batch's unfinished requests appear in neither file
+        row: dict[str, Any] = {"id": f"batch_req_{uuid.uuid4().hex[:20]}", "custom_id": line.custom_id}
+        if line.unfinished:
+            error = {"code": "batch_expired", "message": "This request could not be executed before the batch expired."}
+            return row | {"response": None, "error": error}
+        if line.status != 200:
+            body: dict[str, Any] = {"error": {"message": f"injected {line.status}", "type": "server_error"}}
+        else:
+            answer = chat_answer(model, system, messages, line.params.get("response_format"))
+            body = openai_completion(model, answer.text, answer.input_tokens, answer.output_tokens)
+        return row | {"response": {"status_code": line.status, "request_id": uuid.uuid4().hex, "body": body}}
+
+    # -- views -----------------------------------------------------------------
+
+    def _list(self, kind: str, after: str | None, limit: int, host: str) -> dict[str, Any]:
+        """Newest first; `after` an id: the page of older batches that follows it."""
+        ordered = [b for b in reversed(self.batches.values()) if b.kind == kind]
+        if after is not None:
+            ids = [b.id for b in ordered]
+            ordered = ordered[ids.index(after) + 1 :] if after in ids else []
+        page = ordered[:limit]
+        views = [self._openai_view(b) if kind == "openai" else self._anthropic_view(b, host) for b in page]
+        first = page[0].id if page else None
+        last = page[-1].id if page else None
+        return {"object": "list", "data": views, "first_id": first, "last_id": last, "has_more": len(ordered) > limit}
+
+    def _openai_status(self, batch: Batch) -> str:
+        if batch.invalid_lines:
+            return "failed"
+        ended = self._ended(batch)
+        if batch.canceled_at is not None:
+            return "cancelled" if ended else "cancelling"
+        if ended:
+            return "expired" if batch.expires else "completed"
+        return "in_progress" if self._elapsed(batch) < self.config.batch_latency else "finalizing"
+
+    def _openai_view(self, batch: Batch) -> dict[str, Any]:
+        total = len(batch.lines)
+        status = self._openai_status(batch)
+        ended = status in ("completed", "expired", "cancelled")
+        if ended:
+            self._finish(batch)
+        results = [r for r in batch.results or [] if r]
+        failed = sum(1 for r in results if r.get("error") or r["response"]["status_code"] != 200)
+        created = int(batch.created)
+        now = int(time.time())
+        errors = None
+        if batch.invalid_lines:
+            data = [
+                {"code": "invalid_request", "message": "invalid request (injected)", "param": "body", "line": i + 1}
+                for i in batch.invalid_lines
+            ]
+            errors = {"object": "list", "data": data}
+        return {
+            "id": batch.id,
+            "object": "batch",
+            "endpoint": batch.endpoint,
+            "errors": errors,
+            "input_file_id": batch.input_file_id,
+            "completion_window": "24h",
+            "status": status,
+            "output_file_id": batch.output_file_id if ended else None,
+            "error_file_id": batch.error_file_id if ended else None,
+            "created_at": created,
+            "in_progress_at": None if batch.invalid_lines else created,
+            "expires_at": created + 86400,
+            "finalizing_at": now if status in ("finalizing", "completed") else None,
+            "completed_at": now if status == "completed" else None,
+            "failed_at": now if status == "failed" else None,
+            "expired_at": now if status == "expired" else None,
+            "cancelling_at": int(batch.canceled_at) if batch.canceled_at else None,
+            "cancelled_at": now if status == "cancelled" else None,
+            "request_counts": {
+                "total": total,
+                "completed": len(results) - failed if ended else 0,
+                "failed": failed if ended else 0,
+            },
+            "metadata": batch.metadata,
+        }
+
+    def _anthropic_view(self, batch: Batch, host: str) -> dict[str, Any]:
+        ended = self._ended(batch)
+        if ended:
+            self._finish(batch)
+        results = batch.results or []
+        count = {
+            kind: sum(1 for r in results if r["result"]["type"] == kind)
+            for kind in ("succeeded", "errored", "canceled", "expired")
+        }
+        status = "ended" if ended else "canceling" if batch.canceled_at is not None else "in_progress"
+        return {
+            "id": batch.id,
+            "type": "message_batch",
+            "processing_status": status,
+            "request_counts": {"processing": 0 if ended else len(batch.lines), **count},
+            "ended_at": _rfc3339(time.time()) if ended else None,
+            "created_at": _rfc3339(batch.created),
+            "expires_at": _rfc3339(batch.created + 86400),
+            "archived_at": None,
+            "cancel_initiated_at": _rfc3339(batch.canceled_at),
+            "results_url": f"http://{host}/v1/messages/batches/{batch.id}/results" if ended else None,
+        }
