@@ -69,6 +69,11 @@ def parse_chat_completion(text: str, status_code: int = 200) -> CallResult:
             retryable=True,
             code="malformed_response",
         ) from None
+    return completion_result(data, status_code)
+
+
+def completion_result(data: Any, status_code: int = 200) -> CallResult:
+    """A parsed chat completion body as a result (online answers and batch output lines alike)."""
     if isinstance(data, dict) and data.get("error"):
         error = data["error"] if isinstance(data["error"], dict) else {"message": str(data["error"])}
         upstream = error.get("code")

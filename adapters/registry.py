@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from adapters.base import Adapter
+    from adapters.base import Adapter, BatchAdapter
     from ledger.settings import Settings
 
 PROVIDER_NAMES = frozenset({"openai", "anthropic", "openai-compatible", "mock"})
+# Providers with a batch API; requests for the others with delivery=batch go online.
+BATCH_PROVIDERS = frozenset({"openai", "anthropic"})
 
 
 def make_adapter(provider: str, settings: Settings) -> Adapter:
@@ -36,3 +38,16 @@ def make_adapter(provider: str, settings: Settings) -> Adapter:
 
         return MockAdapter()
     raise ValueError(f"unknown provider {provider!r} (known: {', '.join(sorted(PROVIDER_NAMES))})")
+
+
+def make_batch_adapter(provider: str, settings: Settings) -> BatchAdapter:
+    """The batch API of `provider` (one of BATCH_PROVIDERS), configured like its online adapter."""
+    if provider == "openai":
+        from adapters.openai_batches import OpenAIBatches
+
+        return OpenAIBatches(api_key=settings.openai_api_key, base_url=settings.openai_base_url)
+    if provider == "anthropic":
+        from adapters.anthropic_batches import AnthropicBatches
+
+        return AnthropicBatches(api_key=settings.anthropic_api_key, base_url=settings.anthropic_base_url)
+    raise ValueError(f"provider {provider!r} has no batch API (batch providers: {', '.join(sorted(BATCH_PROVIDERS))})")

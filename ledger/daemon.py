@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import anyio
 from sqlalchemy.exc import DBAPIError
 
-from adapters.base import Adapter
+from adapters.base import Adapter, BatchAdapter
 from ledger import events
+from ledger.batches import BatchWorker
 from ledger.executor import CallContext
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
@@ -54,6 +55,7 @@ async def run_daemon(
     until_idle: bool = False,
     worker_id: str | None = None,
     adapters: dict[str, Adapter] | None = None,
+    batch_adapters: dict[str, BatchAdapter] | None = None,
     stop: anyio.Event | None = None,
     handle_signals: bool = True,
 ) -> DaemonReport:
@@ -68,8 +70,12 @@ async def run_daemon(
     recorder = Recorder(store, lane, lambda claim: scheduler.slot_freed(claim), lambda: scheduler.claim_args())
     policy = RetryPolicy(settings.retry_initial_delay, settings.retry_max_delay, settings.retry_max_attempts)
     scheduler = Scheduler(
-        CallContext(store, lane, recorder, policy, settings.llm_call_timeout), settings, worker, adapters
+        CallContext(store, lane, recorder, policy, settings.llm_call_timeout, settings.prices),
+        settings,
+        worker,
+        adapters,
     )
+    batch_worker = BatchWorker(store, lane, settings, worker, batch_adapters)
     events.started(
         worker_id=worker,
         max_concurrent_llm_calls=settings.max_concurrent_llm_calls,
@@ -80,6 +86,9 @@ async def run_daemon(
         retry_max_delay=settings.retry_max_delay,
         llm_call_timeout=settings.llm_call_timeout,
         lease_seconds=settings.lease_seconds,
+        provider_batch_size=settings.provider_batch_size,
+        provider_batch_wait=settings.provider_batch_wait,
+        batch_poll_interval=settings.batch_poll_interval,
         database=store.engine.url.render_as_string(hide_password=True),
     )
 
@@ -99,6 +108,14 @@ async def run_daemon(
                 signalled = True
                 stop.set()
 
+    batch_done = anyio.Event()
+
+    async def run_batches() -> None:
+        try:
+            await batch_worker.run(stop=stop, until_idle=until_idle)
+        finally:
+            batch_done.set()
+
     try:
         async with anyio.create_task_group() as services:
             await services.start(recorder.run)
@@ -106,10 +123,14 @@ async def run_daemon(
             if handle_signals:
                 services.start_soon(watch_signals)
             async with anyio.create_task_group() as work:
+                work.start_soon(run_batches)
                 await scheduler.run(work, until_idle=until_idle, stop=stop)
                 if stop.is_set():
+                    # Calls in flight and the batch step under way get the grace period; submitted
+                    # batches stay with the provider and are picked up again at the next start.
                     with anyio.move_on_after(settings.shutdown_grace):
                         await first_done(scheduler.wait_all_done, no_grace.wait)
+                        await first_done(batch_done.wait, no_grace.wait)
                     work.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await recorder.flush()

@@ -120,7 +120,14 @@ def to_row(spec: RequestSpec, compatible_base_url: str | None = None) -> dict[st
         "trace": spec.trace,
     }
     row["idempotency_key"] = spec.idempotency_key or content_key(row)
+    row["batch_key"] = batch_key(row)
     return row
+
+
+def batch_key(row: dict[str, Any]) -> str:
+    """Requests sharing params and response format may share a provider batch (seed 003)."""
+    keyed = {"params": row["params"], "response_format": row["response_format"]}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def content_key(row: dict[str, Any]) -> str:

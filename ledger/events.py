@@ -173,3 +173,94 @@ def started(**limits: Any) -> None:
             **limits,
         },
     )
+
+
+# -- provider batch jobs ----------------------------------------------------------------
+
+
+def simulated_batching(provider: str, count: int) -> None:
+    """Once per provider and daemon: its batch requests go through the online path."""
+    _emit(
+        logging.WARNING,
+        {
+            "event": "simulated_batching",
+            "provider": provider,
+            "requests": count,
+            "message": f"provider {provider!r} has no batch API: its batch requests go through the online path",
+        },
+    )
+
+
+def batch_submitted(
+    batch_id: int,
+    provider: str,
+    provider_batch_id: str,
+    requests: int,
+    input_bytes: int,
+    build_s: float,
+    submit_s: float,
+) -> None:
+    _emit(
+        logging.INFO,
+        {
+            "event": "batch_submitted",
+            "batch_id": batch_id,
+            "provider": provider,
+            "provider_batch_id": provider_batch_id,
+            "requests": requests,
+            "input_bytes": input_bytes,
+            "build_s": build_s,
+            "submit_s": submit_s,
+        },
+    )
+
+
+def batch_adopted(batch_id: int, provider: str, provider_batch_id: str, requests: int) -> None:
+    """A batch the provider accepted before a crash kept the ledger from recording it."""
+    _emit(
+        logging.WARNING,
+        {
+            "event": "batch_adopted",
+            "batch_id": batch_id,
+            "provider": provider,
+            "provider_batch_id": provider_batch_id,
+            "requests": requests,
+        },
+    )
+
+
+def batch_polled(batch_id: int, provider_batch_id: str, provider_status: str, worker: str) -> None:
+    _emit(
+        logging.INFO,
+        {
+            "event": "batch_polled",
+            "batch_id": batch_id,
+            "provider_batch_id": provider_batch_id,
+            "provider_status": provider_status,
+            "worker": worker,
+        },
+    )
+
+
+def batch_mapped(
+    batch_id: int, provider_batch_id: str, provider_status: str, mapped: Any, foreign: int, map_s: float
+) -> None:
+    """An ended batch written back: how each request ended, and the mapping rate."""
+    lines = mapped.completed + mapped.failed + mapped.retried + mapped.requeued + mapped.kept
+    _emit(
+        logging.INFO,
+        {
+            "event": "batch_mapped",
+            "batch_id": batch_id,
+            "provider_batch_id": provider_batch_id,
+            "provider_status": provider_status,
+            "completed": mapped.completed,
+            "failed": mapped.failed,
+            "retried": mapped.retried,
+            "requeued": mapped.requeued,
+            "unchanged": mapped.kept,
+            "foreign_lines": foreign,
+            "map_s": map_s,
+            "lines_per_s": round(lines / map_s) if map_s > 0 else None,
+        },
+    )

@@ -14,6 +14,7 @@ import anyio
 
 from adapters.base import Adapter, CallRequest, ProviderError
 from ledger import events
+from ledger.prices import PriceTable
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.store import Store
@@ -29,6 +30,7 @@ class CallContext:
     recorder: Recorder
     policy: RetryPolicy
     timeout_s: float
+    prices: PriceTable
 
 
 def _call_request(request: ClaimedRequest) -> CallRequest:
@@ -59,6 +61,7 @@ async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -
         except Exception as exc:  # an adapter bug must not take the daemon down
             error = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False, code="adapter_error")
         else:
+            cost = ctx.prices.cost(request.provider, request.model, result.input_tokens, result.output_tokens)
             await ctx.recorder.submit(
                 Completed(
                     request,
@@ -68,6 +71,7 @@ async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -
                     result.input_tokens,
                     result.output_tokens,
                     result.status_code,
+                    cost,
                 )
             )
             return

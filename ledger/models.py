@@ -65,6 +65,9 @@ class AttemptOutcome(StrEnum):
     TIMEOUT = "timeout"
     LOST = "lost"  # the worker died (lease expired) or was stopped mid-call
     CANCELED = "canceled"
+    # The provider batch expired before reaching this request: no answer, not counted
+    # against RETRY_MAX_ATTEMPTS (like a batch canceled before reaching it: `canceled`).
+    EXPIRED = "expired"
 
 
 class BatchStatus(StrEnum):
@@ -127,19 +130,48 @@ class Job(SQLModel, table=True):
 
 
 class LlmBatch(SQLModel, table=True):
-    """A provider batch job (OpenAI Batch API, Anthropic Message Batches)."""
+    """A provider batch job (OpenAI Batch API, Anthropic Message Batches).
+
+    Written (`submitting`, its requests attached) before any provider call, so a
+    crash at any moment leaves a row that says how far submission got: no
+    `input_file_id` (nothing uploaded), no `provider_batch_id` (the create call
+    may or may not have reached the provider: reconcile before submitting).
+    `submit_key` is a random token carried in every `custom_id` (and, for
+    OpenAI, in the batch's metadata): it tells this batch apart from any other
+    on the provider account, including other ledgers' batch number N.
+    Batches are leased like requests (`lease_owner`, `lease_token`,
+    `lease_expires_at`): one daemon at a time submits or polls a batch.
+    `status` is the ledger's word; `provider_status` the provider's, as last read
+    (a local polling error goes to `poll_error`, never over what the provider said).
+    """
 
     __tablename__ = "llm_batches"
-    __table_args__ = (_check("status", BatchStatus),)
+    __table_args__ = (_check("status", BatchStatus), Index("ix_llm_batches_due", "status", "next_poll_at"))
 
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
     provider: str = Field(sa_column=Column(String(50), nullable=False))
     model: str = Field(sa_column=Column(String(200), nullable=False))
     params_key: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    job_id: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
+    submit_key: str | None = Field(default=None, sa_column=Column(String(32), nullable=True))
     status: str = Field(default=BatchStatus.QUEUED.value, sa_column=Column(String(20), nullable=False))
     provider_batch_id: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
+    provider_status: str | None = Field(default=None, sa_column=Column(String(50), nullable=True))
+    request_total: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    input_bytes: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    input_file_id: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
+    output_file_id: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
+    error_file_id: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
     request_counts: dict[str, Any] | None = _json()
     error: str | None = _text()
+    poll_error: str | None = _text()
+    lease_owner: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
+    lease_token: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    lease_expires_at: datetime | None = _ts()
+    next_poll_at: datetime | None = _ts()
+    cancel_requested_at: datetime | None = _ts()
+    cancel_sent_at: datetime | None = _ts()
+    adopted_at: datetime | None = _ts()  # found at the provider after a crash in the create window
     created_at: datetime | None = _ts(nullable=False, default_now=True)
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
     submitted_at: datetime | None = _ts()
@@ -178,6 +210,8 @@ class LlmRequest(SQLModel, table=True):
     input: dict[str, Any] = Field(sa_column=Column(JsonType, nullable=False))
     params: dict[str, Any] | None = _json()
     response_format: dict[str, Any] | None = _json()
+    # Hash of params + response format: provider batches group requests that share it.
+    batch_key: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
     delivery: str = Field(
         default=Delivery.ONLINE.value, sa_column=Column(String(10), nullable=False, server_default="online")
     )
@@ -231,6 +265,8 @@ class LlmAttempt(SQLModel, table=True):
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
     request_id: int = Field(sa_column=Column(IdType, ForeignKey("llm_requests.id"), nullable=False))
     attempt: int = Field(sa_column=Column(Integer, nullable=False))
+    # The provider batch that carried this attempt (delivery=batch); NULL for an online call.
+    batch_id: int | None = Field(default=None, sa_column=Column(IdType, ForeignKey("llm_batches.id"), nullable=True))
     worker: str | None = Field(default=None, sa_column=Column(String(200), nullable=True))
     outcome: str = Field(
         default=AttemptOutcome.RUNNING.value,
@@ -286,5 +322,7 @@ class Opinion(SQLModel, table=True):
 
 metadata = SQLModel.metadata
 
-# The audit view (created by migration 0001): one row per request, its attempt history folded in.
+# The audit views: one row per request, its attempt history folded in (migration 0001); one row
+# per provider batch, with its requests' outcomes, cost and turnaround (migration 0003).
 REQUEST_AUDIT_VIEW = "llm_request_audit"
+BATCH_AUDIT_VIEW = "llm_batch_audit"

@@ -157,7 +157,9 @@ class Scheduler:
             self._wake = anyio.Event()
             if await self.claim_once(tg):
                 continue
-            if until_idle and self.state.in_flight == 0 and not await self.ctx.lane.run(self.ctx.store.has_online_work):
+            # Idle means no batch work either: a batch request may still come to the online path
+            # (a provider without a batch API), and the daemon ends when both loops are done.
+            if until_idle and self.state.in_flight == 0 and not await self.ctx.lane.run(self.ctx.store.has_work):
                 return
             with anyio.move_on_after(self.settings.poll_interval):
                 await first_done(self._wake.wait, stop.wait)

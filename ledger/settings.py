@@ -8,10 +8,13 @@ variable, instead of a traceback an hour into a run.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from ledger.prices import PriceTable
 
 DEFAULT_DATABASE_URL = "sqlite:///ledger.db"
 
@@ -74,8 +77,13 @@ class Settings(BaseSettings):
     poll_interval: float = Field(default=0.5, alias="LEDGER_POLL_INTERVAL", gt=0)
     shutdown_grace: float = Field(default=10.0, alias="LEDGER_SHUTDOWN_GRACE", ge=0)
     db_retry_seconds: float = Field(default=60.0, alias="LEDGER_DB_RETRY_SECONDS", ge=0)
-    provider_batch_size: int = Field(default=1000, alias="LEDGER_PROVIDER_BATCH_SIZE", ge=1, le=50000)
+    provider_batch_size: int = Field(default=1000, alias="LEDGER_PROVIDER_BATCH_SIZE", ge=1, le=100_000)
     provider_batch_wait: float = Field(default=60.0, alias="LEDGER_PROVIDER_BATCH_WAIT", ge=0)
+    # Lowers the provider's own input-size limit (OpenAI 200 MB, Anthropic 256 MB), e.g. for an
+    # account with a smaller one; never raises it.
+    provider_batch_max_bytes: int | None = Field(default=None, alias="LEDGER_PROVIDER_BATCH_MAX_BYTES", ge=1024)
+    batch_poll_interval: float = Field(default=30.0, alias="LEDGER_BATCH_POLL_INTERVAL", gt=0)
+    prices_file: str | None = Field(default=None, alias="LEDGER_PRICES_FILE")
     job_capacity: int = Field(default=4, alias="LEDGER_JOB_CAPACITY", ge=1)
     daily_budget_usd: float | None = Field(default=None, alias="LEDGER_DAILY_BUDGET_USD", ge=0)
     log_level: str = Field(default="INFO", alias="LEDGER_LOG_LEVEL")
@@ -103,6 +111,14 @@ class Settings(BaseSettings):
         parse_pool_limits(value)
         return value
 
+    @field_validator("prices_file")
+    @classmethod
+    def _check_prices_file(cls, value: str | None) -> str | None:
+        from ledger.prices import load_prices
+
+        load_prices(value)  # a bad file stops start-up with one line naming the entry
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _check_log_level(cls, value: str) -> str:
@@ -110,6 +126,12 @@ class Settings(BaseSettings):
         if upper not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ValueError(f"LEDGER_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR, got {value!r}")
         return upper
+
+    @property
+    def prices(self) -> PriceTable:
+        from ledger.prices import load_prices
+
+        return load_prices(self.prices_file)
 
     @cached_property
     def pool_limits(self) -> dict[str, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from ledger.store.audit import AuditQueries
+from ledger.store.batches import BatchQueries
 from ledger.store.dialect import Dialect
 from ledger.store.queue import EnqueueResult, QueueQueries
 from ledger.store.schema import DatabaseError, open_engine
@@ -12,7 +13,7 @@ from ledger.store.schema import DatabaseError, open_engine
 __all__ = ["DatabaseError", "EnqueueResult", "Store"]
 
 
-class Store(QueueQueries, AuditQueries):
+class Store(QueueQueries, BatchQueries, AuditQueries):
     """Issues every query the ledger makes, on an engine whose schema is at head."""
 
     engine: Engine
@@ -21,6 +22,10 @@ class Store(QueueQueries, AuditQueries):
     def __init__(self, url: str, *, ping_on_checkout: bool = True) -> None:
         self.url = url
         self.engine, self.dialect = open_engine(url, ping_on_checkout=ping_on_checkout)
+
+    def has_work(self) -> bool:
+        """Anything left for a daemon: online requests queued or in flight, or provider batch work."""
+        return self.has_online_work() or self.has_batch_work()
 
     def close(self) -> None:
         self.engine.dispose()

@@ -144,6 +144,7 @@ _OUTPUT: dict[str, Any] = {
     "raw_output": bindparam("b_raw"),
     "input_tokens": bindparam("b_in"),
     "output_tokens": bindparam("b_out"),
+    "cost_usd": bindparam("b_cost"),
     "latency_ms": bindparam("b_latency"),
     "last_status_code": bindparam("b_status"),
 }
@@ -187,6 +188,7 @@ def _request_values(o: Outcome) -> dict[str, Any]:
             "b_raw": o.raw_output,
             "b_in": o.input_tokens,
             "b_out": o.output_tokens,
+            "b_cost": o.cost_usd,
             "b_latency": o.latency_ms,
             "b_status": o.status_code,
         }

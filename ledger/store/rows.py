@@ -76,6 +76,7 @@ class Completed:
     input_tokens: int | None = None
     output_tokens: int | None = None
     status_code: int = 200
+    cost_usd: float | None = None  # from the price table; None for a model it does not know
 
 
 @dataclass(frozen=True)

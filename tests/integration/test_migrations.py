@@ -27,7 +27,7 @@ def test_upgrade_is_idempotent_and_creates_the_audit_view(db_url: str) -> None:
     assert upgrade(engine) is False
     with engine.connect() as conn:
         assert MigrationContext.configure(conn).get_current_revision() == head_revision()
-    assert "llm_request_audit" in inspect(engine).get_view_names()
+    assert {"llm_request_audit", "llm_batch_audit"} <= set(inspect(engine).get_view_names())
     engine.dispose()
 
 

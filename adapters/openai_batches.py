@@ -1,0 +1,185 @@
+"""OpenAI Batch API through the official SDK: a JSONL file uploaded, then a batch created.
+
+The ledger batch travels in the batch's `metadata`, so a batch accepted before a
+crash kept the ledger from recording it is found again by listing batches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Final
+
+import openai
+
+from adapters.base import (
+    RETRYABLE_STATUS,
+    BatchLayout,
+    BatchLine,
+    BatchRejection,
+    BatchTag,
+    CallRequest,
+    ProviderBatch,
+    ProviderError,
+    classify_status,
+)
+from adapters.openai import completion_result, openai_messages
+
+ENDPOINT: Final = "/v1/chat/completions"
+# The provider's own limits per batch (https://platform.openai.com/docs/guides/batch).
+MAX_REQUESTS = 50_000
+MAX_BYTES = 200 * 1024 * 1024
+_STATES = {"completed": "completed", "expired": "expired", "cancelled": "canceled", "failed": "failed"}
+# Error-file codes that mean "not reached", not "this request failed".
+_NOT_REACHED = {"batch_expired": "expired", "batch_cancelled": "canceled", "batch_canceled": "canceled"}
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class OpenAIBatches:
+    name = "openai"
+    max_requests = MAX_REQUESTS
+    max_bytes = MAX_BYTES
+    uploads_input = True
+    layout = BatchLayout(head=b"", sep=b"\n", tail=b"\n")
+
+    def __init__(self, *, api_key: str | None, base_url: str | None) -> None:
+        self._client = openai.AsyncOpenAI(api_key=api_key or "not-needed", base_url=base_url, max_retries=0)
+
+    def encode(self, custom_id: str, request: CallRequest) -> bytes:
+        body: dict[str, Any] = {"model": request.model, "messages": openai_messages(request), **request.params}
+        if request.response_format is not None:
+            body["response_format"] = request.response_format
+        return _dumps({"custom_id": custom_id, "method": "POST", "url": ENDPOINT, "body": body})
+
+    async def upload(self, path: Path) -> str | None:
+        with path.open("rb") as stream:  # the SDK hands the open file to the HTTP client, which streams it
+            uploaded = await _call(self._client.files.create(file=(path.name, stream), purpose="batch"))
+        return str(uploaded.id)
+
+    async def create(self, path: Path, input_file_id: str | None, tag: BatchTag) -> ProviderBatch:
+        if input_file_id is None:
+            raise ValueError("OpenAI batches need an uploaded input file")
+        created = await _call(
+            self._client.batches.create(
+                input_file_id=input_file_id,
+                endpoint=ENDPOINT,
+                completion_window="24h",
+                metadata={"ledger_batch_id": str(tag.ledger_batch_id), "ledger_submit_key": tag.submit_key},
+            )
+        )
+        return _batch(created)
+
+    async def find(
+        self, tag: BatchTag, created_after: float, total: int, is_ours: Callable[[str], bool]
+    ) -> ProviderBatch | None:
+        """The batch whose metadata names this ledger batch, among those created since `created_after`."""
+        try:
+            async for listed in self._client.batches.list(limit=100):
+                found = _batch(listed)
+                if found.tag == tag:
+                    return found
+                if found.created_at is not None and found.created_at < created_after:
+                    return None  # newest first: everything further is older than the ledger batch
+        except openai.APIError as exc:
+            raise _error(exc) from None
+        return None
+
+    async def retrieve(self, batch_id: str) -> ProviderBatch:
+        return _batch(await _call(self._client.batches.retrieve(batch_id)))
+
+    async def cancel(self, batch_id: str) -> ProviderBatch:
+        return _batch(await _call(self._client.batches.cancel(batch_id)))
+
+    async def results(self, batch: ProviderBatch) -> AsyncIterator[BatchLine]:
+        """The output file's lines, then the error file's, streamed."""
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if file_id is None:
+                continue
+            try:
+                async with self._client.files.with_streaming_response.content(file_id) as response:
+                    async for line in response.iter_lines():
+                        if line.strip():
+                            yield result_line(line)
+            except openai.APIError as exc:
+                raise _error(exc) from None
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def result_line(line: str) -> BatchLine:
+    """One line of an output or error file."""
+    obj = json.loads(line)
+    custom_id = str(obj.get("custom_id"))
+    response = obj.get("response") or {}
+    error = obj.get("error") or {}
+    status = response.get("status_code")
+    if status == 200:
+        try:
+            result = completion_result(response.get("body"), 200)
+        except ProviderError as exc:
+            return BatchLine(
+                custom_id,
+                "failed",
+                status_code=exc.status_code,
+                error_code=exc.code,
+                message=exc.message,
+                retryable=exc.retryable,
+            )
+        return BatchLine(custom_id, "succeeded", result.text, result.input_tokens, result.output_tokens, 200)
+    code = str(error.get("code") or "")
+    if code in _NOT_REACHED:
+        return BatchLine(custom_id, _NOT_REACHED[code], error_code=code, message=error.get("message"))
+    body_error = (response.get("body") or {}).get("error") or {}
+    message = body_error.get("message") or error.get("message") or "batch request failed"
+    return BatchLine(
+        custom_id,
+        "failed",
+        status_code=status,
+        error_code=str(body_error.get("code") or body_error.get("type") or code or f"http_{status}"),
+        message=str(message),
+        retryable=status in RETRYABLE_STATUS,
+    )
+
+
+def _batch(batch: Any) -> ProviderBatch:
+    counts = batch.request_counts
+    metadata = batch.metadata or {}
+    tag = None
+    if "ledger_batch_id" in metadata and "ledger_submit_key" in metadata:
+        tag = BatchTag(int(metadata["ledger_batch_id"]), str(metadata["ledger_submit_key"]))
+    rejections = tuple(
+        BatchRejection(e.line - 1 if e.line else None, str(e.code or "invalid_request"), str(e.message or ""))
+        for e in ((batch.errors.data or []) if batch.errors else [])
+    )
+    return ProviderBatch(
+        id=batch.id,
+        status=batch.status,
+        state=_STATES.get(batch.status, "in_progress"),
+        total=counts.total if counts else None,
+        counts={"completed": counts.completed, "failed": counts.failed, "total": counts.total} if counts else {},
+        created_at=float(batch.created_at),
+        tag=tag,
+        rejections=rejections,
+        output_file_id=batch.output_file_id,
+        error_file_id=batch.error_file_id,
+    )
+
+
+async def _call(awaitable: Any) -> Any:
+    try:
+        return await awaitable
+    except openai.APIError as exc:
+        raise _error(exc) from None
+
+
+def _error(exc: openai.APIError) -> ProviderError:
+    if isinstance(exc, openai.APIStatusError):
+        return classify_status(exc.status_code, f"{exc.status_code}: {exc.message}", exc.body, exc.response.headers)
+    if isinstance(exc, openai.APITimeoutError):
+        return ProviderError("request timed out", retryable=True, code="timeout")
+    return ProviderError(f"connection error: {exc}", retryable=True, code="connection_error")

@@ -1,0 +1,467 @@
+"""Provider batch jobs: group, submit exactly once, poll, map every result back by `custom_id`.
+
+One loop in the daemon does it all, a step at a time, each step under the
+batch's lease (renewed while the step runs, so a long upload or mapping keeps
+it; lost, the step stops and writes nothing more):
+
+- **Group.** Queued `delivery=batch` requests are grouped by (provider, model,
+  params, job). A group closes at `LEDGER_PROVIDER_BATCH_SIZE` requests or when
+  its oldest has waited `LEDGER_PROVIDER_BATCH_WAIT` seconds, and is cut at the
+  provider's limits by count and by bytes. Providers without a batch API get
+  their requests through the online path instead ("simulated batching").
+- **Submit exactly once.** The batch row is written and its requests attached
+  (status `submitted`, attempt opened) before any provider call; the uploaded
+  file's id is stored before the create call; every `custom_id` names the
+  request and the batch (`b<batch>-<submit key>-r<request>`). A `submitting`
+  batch taken up again (a crash, a restart) is first looked for at the
+  provider (`BatchAdapter.find`): adopted if there, created only if not.
+- **Poll and map.** Submitted batches are read every `LEDGER_BATCH_POLL_INTERVAL`
+  seconds; an ended one has its results streamed and written back in chunks,
+  one transaction each (mapping again after a crash changes nothing twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import anyio
+from sqlalchemy.exc import DBAPIError
+
+from adapters.base import BatchAdapter, BatchLine, BatchTag, CallRequest, ProviderBatch, ProviderError, ReconcileLater
+from adapters.registry import BATCH_PROVIDERS, make_batch_adapter
+from ledger import events
+from ledger.models import BatchStatus
+from ledger.prices import PriceTable
+from ledger.record import DbLane
+from ledger.retry import RetryPolicy
+from ledger.settings import Settings
+from ledger.store import Store
+from ledger.store.batches import BatchGroup, BatchLease, BatchLeaseLost, LineOutcome, Mapped
+
+LOG = logging.getLogger("ledger.batches")
+_CUSTOM_ID = re.compile(r"^b(\d+)-([0-9a-f]+)-r(\d+)$")
+MAP_CHUNK = 2000  # result lines per transaction
+READ_CHUNK = 1000  # requests read per query while building an input
+# A provider's clock and the database's may differ: look this much further back for a batch
+# that may have been created before a crash.
+RECONCILE_SLACK_S = 600.0
+
+
+def custom_id(batch_id: int, submit_key: str, request_id: int) -> str:
+    """Names the request and its ledger batch; fits Anthropic's `^[a-zA-Z0-9_-]{1,64}$`."""
+    return f"b{batch_id}-{submit_key}-r{request_id}"
+
+
+def parse_custom_id(value: str) -> tuple[int, str, int] | None:
+    """(batch id, submit key, request id), or None for an id the ledger did not write."""
+    found = _CUSTOM_ID.match(value)
+    return (int(found[1]), found[2], int(found[3])) if found else None
+
+
+def closed_groups(groups: Sequence[BatchGroup], size: int) -> list[BatchGroup]:
+    """Groups ready to submit: full, or their oldest request has waited long enough."""
+    return [g for g in groups if g.queued >= size or g.waited]
+
+
+class BatchWorker:
+    """The daemon's provider-batch loop (one per daemon)."""
+
+    def __init__(
+        self,
+        store: Store,
+        lane: DbLane,
+        settings: Settings,
+        worker_id: str,
+        adapters: dict[str, BatchAdapter] | None = None,
+    ) -> None:
+        self.store = store
+        self.lane = lane
+        self.settings = settings
+        self.worker = worker_id
+        self.prices: PriceTable = settings.prices
+        self.policy = RetryPolicy(settings.retry_initial_delay, settings.retry_max_delay, settings.retry_max_attempts)
+        self._adapters: dict[str, BatchAdapter] = dict(adapters or {})
+        self._said_online: set[str] = set()
+        self._workdir = Path(tempfile.mkdtemp(prefix="ledger-batches-"))
+        self.steps = 0
+
+    # -- the loop --------------------------------------------------------------
+
+    async def run(self, *, stop: anyio.Event, until_idle: bool) -> None:
+        # A previous process under this worker id left these leased: take the next step at once.
+        await self.lane.run(self.store.release_batch_leases, self.worker)
+        try:
+            while not stop.is_set():
+                if await self.cycle(stop):
+                    continue
+                if until_idle and not await self.lane.run(self.store.has_batch_work):
+                    return
+                with anyio.move_on_after(self.settings.poll_interval):
+                    await stop.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.lane.run(self.store.release_batch_leases, self.worker)
+                for adapter in self._adapters.values():
+                    await adapter.aclose()
+                for leftover in self._workdir.glob("*"):
+                    leftover.unlink(missing_ok=True)
+                with suppress(OSError):
+                    self._workdir.rmdir()
+
+    async def cycle(self, stop: anyio.Event) -> bool:
+        """Submit what is ready, then take every batch step that is due; True if anything was done."""
+        did = False
+        groups = await self.lane.run(self.store.batch_groups, self.settings.provider_batch_wait)
+        if any(g.provider not in BATCH_PROVIDERS for g in groups):
+            await self._go_online()
+        ready = closed_groups([g for g in groups if g.provider in BATCH_PROVIDERS], self.settings.provider_batch_size)
+        for group in ready:
+            if stop.is_set():
+                return did
+            await self._guarded(self.submit_group(group))
+            did = True
+        while not stop.is_set():
+            row = await self.lane.run(self.store.take_batch, self.worker, self.settings.lease_seconds)
+            if row is None:
+                return did
+            await self._guarded(self.step(row))
+            did = True
+        return did
+
+    async def _guarded(self, step: Any) -> None:
+        """One step's failures stay that step's: a lost lease or a provider error is logged, the
+        loop goes on (the batch's state in the ledger says where the next step resumes)."""
+        self.steps += 1
+        try:
+            await step
+        except BatchLeaseLost as exc:
+            LOG.warning("batch lease lost: step abandoned", extra={"details": {"error": str(exc)}})
+        except ProviderError as exc:
+            LOG.error("batch step failed at the provider", extra={"details": {"error": exc.message}})
+
+    async def _go_online(self) -> None:
+        moved = await self.lane.run(self.store.move_to_online, BATCH_PROVIDERS)
+        for provider, count in moved.items():
+            if provider not in self._said_online:
+                self._said_online.add(provider)
+                events.simulated_batching(provider, count)
+
+    def adapter(self, provider: str) -> BatchAdapter:
+        if provider not in self._adapters:
+            self._adapters[provider] = make_batch_adapter(provider, self.settings)
+        return self._adapters[provider]
+
+    @asynccontextmanager
+    async def leased(self, lease: BatchLease) -> AsyncIterator[None]:
+        """Keep the batch's lease while the step runs; a renewal that finds it lost stops the step."""
+        lost: list[bool] = []
+        async with anyio.create_task_group() as tg:
+
+            async def renew() -> None:
+                while True:
+                    await anyio.sleep(self.settings.lease_seconds / 3)
+                    with suppress(DBAPIError):  # the lane retried; the next try or the fence decides
+                        if not await self.lane.run(self.store.renew_batch, lease, self.settings.lease_seconds):
+                            lost.append(True)
+                            tg.cancel_scope.cancel()
+                            return
+
+            tg.start_soon(renew)
+            yield
+            tg.cancel_scope.cancel()
+        if lost:
+            raise BatchLeaseLost(f"batch {lease.id}: lease taken over while a step ran")
+
+    # -- submitting ------------------------------------------------------------
+
+    async def submit_group(self, group: BatchGroup) -> None:
+        """A new batch for a closed group: open it, choose and attach its requests, submit."""
+        adapter = self.adapter(group.provider)
+        limit = min(self.settings.provider_batch_size, adapter.max_requests)
+        max_bytes = min(self.settings.provider_batch_max_bytes or adapter.max_bytes, adapter.max_bytes)
+        key = secrets.token_hex(4)
+        lease = await self.lane.run(self.store.open_batch, group, self.worker, self.settings.lease_seconds, key)
+        async with self.leased(lease):
+            t0 = time.monotonic()
+            ids = sorted(await self.lane.run(self.store.group_request_ids, group, limit))
+            path = self._workdir / f"batch-{lease.id}.input"
+            chosen, size = await self._write_input(adapter, lease.id, key, ids, path, max_bytes)
+            attached = await self.lane.run(self.store.attach, lease, chosen, size)
+            if not attached:
+                path.unlink(missing_ok=True)
+                return
+            if attached != chosen:  # some were canceled meanwhile: the input must name exactly these
+                _, size = await self._write_input(adapter, lease.id, key, attached, path, max_bytes)
+            build_s = time.monotonic() - t0
+            await self._submit(adapter, lease, key, path, len(attached), size, build_s)
+
+    async def _write_input(
+        self, adapter: BatchAdapter, batch_id: int, key: str, ids: Sequence[int], path: Path, max_bytes: int
+    ) -> tuple[list[int], int]:
+        """Write the input for `ids` (in that order) streaming, stopping before `max_bytes`;
+        returns the ids written and the size. Encoding runs off the event loop."""
+        layout = adapter.layout
+        written: list[int] = []
+        entry_bytes = 0
+        with path.open("wb") as out:
+            out.write(layout.head)
+            for start in range(0, len(ids), READ_CHUNK):
+                rows = await self.lane.run(self.store.request_inputs, ids[start : start + READ_CHUNK])
+                entries = await anyio.to_thread.run_sync(_encode_all, adapter, batch_id, key, rows)
+                for request_id, entry in entries:
+                    if layout.size(len(written) + 1, entry_bytes + len(entry)) > max_bytes:
+                        out.write(layout.tail)
+                        return written, layout.size(len(written), entry_bytes)
+                    if written:
+                        out.write(layout.sep)
+                    out.write(entry)
+                    written.append(request_id)
+                    entry_bytes += len(entry)
+            out.write(layout.tail)
+        return written, layout.size(len(written), entry_bytes)
+
+    async def _submit(
+        self, adapter: BatchAdapter, lease: BatchLease, key: str, path: Path, count: int, size: int, build_s: float
+    ) -> None:
+        """Upload (its file id stored before anything else), then create; record the provider's id."""
+        tag = BatchTag(lease.id, key)
+        t0 = time.monotonic()
+        try:
+            file_id = await adapter.upload(path)
+            if file_id is not None:
+                await self.lane.run(self.store.set_input_file, lease, file_id)
+            created = await adapter.create(path, file_id, tag)
+        except ProviderError as exc:
+            await self._submit_failed(lease, exc)
+            return
+        finally:
+            path.unlink(missing_ok=True)
+        await self.lane.run(
+            self.store.mark_submitted, lease, created.id, created.status, self.settings.batch_poll_interval
+        )
+        await self.lane.run(self.store.release_batch, lease)
+        events.batch_submitted(
+            lease.id, adapter.name, created.id, count, size, round(build_s, 3), round(time.monotonic() - t0, 3)
+        )
+
+    async def _submit_failed(self, lease: BatchLease, error: ProviderError) -> None:
+        """A refused create: the entries the provider named fail, the others go back to the queue
+        (a refusal naming none is a failed attempt for each, under the retry policy). A transient
+        failure leaves the batch `submitting`: the next step looks for it at the provider first."""
+        if error.retryable and not error.rejections:
+            delay = self.policy.delay(1, error.retry_after)
+            await self.lane.run(self.store.release_batch, lease, delay)
+            LOG.warning(
+                "batch create failed, will look for it and try again",
+                extra={"details": {"batch_id": lease.id, "error": error.message, "retry_in_s": round(delay, 1)}},
+            )
+            return
+        ids = await self.lane.run(self.store.batch_request_ids, lease.id)
+        rejected = {ids[r.line]: r.message for r in error.rejections if r.line is not None and r.line < len(ids)}
+        await self._finish(
+            lease,
+            BatchStatus.ERROR.value,
+            error=f"rejected by the provider: {error.message}",
+            rejected=rejected,
+            count_failure=None if rejected else error.message,
+        )
+
+    # -- steps on an existing batch --------------------------------------------
+
+    async def step(self, row: dict[str, Any]) -> None:
+        lease = BatchLease(int(row["id"]), int(row["lease_token"]), self.worker)
+        async with self.leased(lease):
+            if row["status"] == BatchStatus.QUEUED.value:  # opened, never attached: a crash in between
+                await self.lane.run(self.store.attach, lease, [], 0)
+            elif row["status"] == BatchStatus.SUBMITTING.value:
+                await self.resume(lease, row)
+            else:
+                await self.poll(lease, row)
+
+    async def resume(self, lease: BatchLease, row: dict[str, Any]) -> None:
+        """A `submitting` batch taken up again: the provider may have accepted it before the
+        ledger could record that. Look for it first; create it only if it is not there."""
+        adapter = self.adapter(row["provider"])
+        key = str(row["submit_key"])
+        ids = await self.lane.run(self.store.batch_request_ids, lease.id)
+        if not ids or row["cancel_requested_at"] is not None:
+            await self._finish(lease, BatchStatus.CANCELED.value, error="canceled before it was submitted")
+            return
+        # OpenAI's create needs the uploaded file's id, stored before the call: without it, no create
+        # was made. Anthropic's create carries the requests: any taken-up batch may exist.
+        if row["input_file_id"] is not None or not adapter.uploads_input:
+            created_after = row["created_at"].timestamp() - RECONCILE_SLACK_S
+            try:
+                found = await adapter.find(
+                    BatchTag(lease.id, key),
+                    created_after,
+                    int(row["request_total"]),
+                    lambda cid: _is_of(cid, lease.id, key),
+                )
+            except ReconcileLater as exc:
+                LOG.warning("batch not resubmitted yet", extra={"details": {"batch_id": lease.id, "why": str(exc)}})
+                await self.lane.run(self.store.release_batch, lease, self.settings.batch_poll_interval)
+                return
+            if found is not None:
+                await self.lane.run(
+                    self.store.mark_submitted,
+                    lease,
+                    found.id,
+                    found.status,
+                    0.0 if found.ended else self.settings.batch_poll_interval,
+                    adopted=True,
+                )
+                await self.lane.run(self.store.release_batch, lease)
+                events.batch_adopted(lease.id, adapter.name, found.id, int(row["request_total"]))
+                return
+        path = self._workdir / f"batch-{lease.id}.input"
+        t0 = time.monotonic()
+        _, size = await self._write_input(adapter, lease.id, key, ids, path, adapter.max_bytes)
+        await self._submit(adapter, lease, key, path, len(ids), size, time.monotonic() - t0)
+
+    async def poll(self, lease: BatchLease, row: dict[str, Any]) -> None:
+        adapter = self.adapter(row["provider"])
+        provider_id = str(row["provider_batch_id"])
+        interval = self.settings.batch_poll_interval
+        try:
+            if row["cancel_requested_at"] is not None and row["cancel_sent_at"] is None:
+                await adapter.cancel(provider_id)
+                await self.lane.run(self.store.mark_cancel_sent, lease)
+            batch = await adapter.retrieve(provider_id)
+        except ProviderError as exc:  # a local or transient failure: what the provider said stays
+            await self.lane.run(self.store.note_poll, lease, poll_error=exc.message)
+            await self.lane.run(self.store.release_batch, lease, interval)
+            return
+        await self.lane.run(
+            lambda: self.store.note_poll(
+                lease,
+                provider_status=batch.status,
+                counts=batch.counts,
+                output_file_id=batch.output_file_id,
+                error_file_id=batch.error_file_id,
+            )
+        )
+        events.batch_polled(lease.id, provider_id, batch.status, self.worker)
+        if not batch.ended:
+            await self.lane.run(self.store.release_batch, lease, interval)
+            return
+        await self.map_back(adapter, lease, row, batch)
+
+    async def map_back(
+        self, adapter: BatchAdapter, lease: BatchLease, row: dict[str, Any], batch: ProviderBatch
+    ) -> None:
+        """Stream an ended batch's results into the ledger, a chunk per transaction; then end it."""
+        t0 = time.monotonic()
+        key = str(row["submit_key"])
+        total = Mapped()
+        chunk: list[LineOutcome] = []
+        foreign = 0
+        async for line in adapter.results(batch):
+            outcome = self._outcome(line, row, lease.id, key)
+            if outcome is None:
+                foreign += 1
+                continue
+            chunk.append(outcome)
+            if len(chunk) >= MAP_CHUNK:
+                total.add(await self._write_chunk(lease, chunk))
+                chunk = []
+        if chunk:
+            total.add(await self._write_chunk(lease, chunk))
+        map_s = time.monotonic() - t0
+        status, error, rejected, count_failure = await self._ending(lease, batch)
+        left = await self._finish(lease, status, error=error, rejected=rejected, count_failure=count_failure)
+        total.add(left)
+        events.batch_mapped(lease.id, batch.id, batch.status, total, foreign, round(map_s, 3))
+
+    async def _ending(
+        self, lease: BatchLease, batch: ProviderBatch
+    ) -> tuple[str, str | None, dict[int, str] | None, str | None]:
+        """The ledger status of an ended batch, and how its unanswered requests end."""
+        if batch.state == "completed":
+            return BatchStatus.COMPLETED.value, None, None, None
+        if batch.state == "canceled":
+            return BatchStatus.CANCELED.value, "canceled at the provider", None, None
+        if batch.state == "expired":
+            return BatchStatus.ERROR.value, "expired before every request was answered", None, None
+        ids = await self.lane.run(self.store.batch_request_ids, lease.id)
+        why = "; ".join(f"{r.code}: {r.message}" for r in batch.rejections[:5]) or "failed at the provider"
+        rejected = {ids[r.line]: r.message for r in batch.rejections if r.line is not None and r.line < len(ids)}
+        return BatchStatus.ERROR.value, f"failed validation: {why}", rejected, None if rejected else why
+
+    def _outcome(self, line: BatchLine, row: dict[str, Any], batch_id: int, key: str) -> LineOutcome | None:
+        parsed = parse_custom_id(line.custom_id)
+        if parsed is None or parsed[0] != batch_id or parsed[1] != key:
+            return None  # not a line of this ledger batch (an adopted batch is checked line by line)
+        cost = None
+        if line.kind == "succeeded":
+            cost = self.prices.cost(row["provider"], row["model"], line.input_tokens, line.output_tokens, batch=True)
+        return LineOutcome(
+            parsed[2],
+            line.kind,
+            line.text,
+            line.input_tokens,
+            line.output_tokens,
+            cost,
+            line.status_code,
+            line.error_code,
+            line.message,
+            line.retryable,
+        )
+
+    async def _write_chunk(self, lease: BatchLease, chunk: list[LineOutcome]) -> Mapped:
+        return await self.lane.run(
+            self.store.map_lines, lease, chunk, self.settings.retry_max_attempts, self.policy.delay
+        )
+
+    async def _finish(
+        self,
+        lease: BatchLease,
+        status: str,
+        *,
+        error: str | None = None,
+        rejected: dict[int, str] | None = None,
+        count_failure: str | None = None,
+    ) -> Mapped:
+        return await self.lane.run(
+            lambda: self.store.finish_batch(
+                lease,
+                status,
+                error=error,
+                rejected=rejected,
+                count_failure=count_failure,
+                max_attempts=self.settings.retry_max_attempts,
+                delay_for=self.policy.delay,
+            )
+        )
+
+
+def _is_of(value: str, batch_id: int, key: str) -> bool:
+    parsed = parse_custom_id(value)
+    return parsed is not None and parsed[0] == batch_id and parsed[1] == key
+
+
+def _encode_all(adapter: BatchAdapter, batch_id: int, key: str, rows: Sequence[Any]) -> list[tuple[int, bytes]]:
+    return [
+        (
+            row.id,
+            adapter.encode(
+                custom_id(batch_id, key, row.id),
+                CallRequest(
+                    model=row.model,
+                    messages=row.input["messages"],
+                    system=row.input.get("system"),
+                    params=row.params or {},
+                    response_format=row.response_format,
+                ),
+            ),
+        )
+        for row in rows
+    ]

@@ -1,0 +1,121 @@
+"""The price table and the cost of a request.
+
+Prices change every few months and differ per account tier, so they live in an
+editable TOML table (`ledger/data/prices.toml`, overridable entry by entry with
+`LEDGER_PRICES_FILE`) rather than in code. Cost is derived from the exact usage
+the provider reported, so a corrected price can be re-applied later with SQL
+without calling anything again.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+_DATE_SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
+_PER_TOKEN = 1e-6
+
+
+class PriceTableError(ValueError):
+    """The price file cannot be used; the message is one line naming the file and the entry."""
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per million tokens; `batch_discount` the share a provider batch job saves."""
+
+    input: float
+    output: float
+    batch_discount: float = 0.0
+
+    def cost(self, input_tokens: int | None, output_tokens: int | None, *, batch: bool = False) -> float:
+        usd = ((input_tokens or 0) * self.input + (output_tokens or 0) * self.output) * _PER_TOKEN
+        return round(usd * (1.0 - self.batch_discount) if batch else usd, 10)
+
+
+class PriceTable:
+    def __init__(self, prices: dict[tuple[str, str], Price]) -> None:
+        self._prices = prices
+
+    def price(self, provider: str, model: str) -> Price | None:
+        """The model's price, or its undated alias's (`gpt-4o-2024-08-06` -> `gpt-4o`), or None."""
+        found = self._prices.get((provider, model))
+        if found is None:
+            undated = _DATE_SUFFIX.sub("", model)
+            found = self._prices.get((provider, undated)) if undated != model else None
+        return found
+
+    def cost(
+        self, provider: str, model: str, input_tokens: int | None, output_tokens: int | None, *, batch: bool = False
+    ) -> float | None:
+        """USD for this usage, or None for a model the table does not know (or unknown usage)."""
+        price = self.price(provider, model)
+        if price is None or (input_tokens is None and output_tokens is None):
+            return None
+        return price.cost(input_tokens, output_tokens, batch=batch)
+
+
+def _read(text: str, where: str) -> dict[tuple[str, str], Price]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PriceTableError(f"{where}: not valid TOML ({exc})") from None
+    prices: dict[tuple[str, str], Price] = {}
+    for provider, section in data.items():
+        if not isinstance(section, dict):
+            raise PriceTableError(f"{where}: [{provider}] must be a table")
+        unknown = set(section) - {"batch_discount", "models"}
+        if unknown:
+            raise PriceTableError(f"{where}: [{provider}] has unknown key {sorted(unknown)[0]!r}")
+        default_discount = _number(section.get("batch_discount", 0.0), f"{where}: {provider}.batch_discount", 1.0)
+        models = section.get("models", {})
+        if not isinstance(models, dict):
+            raise PriceTableError(f"{where}: [{provider}.models] must be a table")
+        for model, entry in models.items():
+            key = f"{where}: {provider}.models.{model!r}"
+            prices[(provider, model)] = _price(entry, key, default_discount)
+    return prices
+
+
+def _price(entry: Any, key: str, default_discount: float) -> Price:
+    if not isinstance(entry, dict):
+        raise PriceTableError(f"{key} must be a table like {{ input = 0.15, output = 0.60 }}")
+    unknown = set(entry) - {"input", "output", "batch_discount"}
+    if unknown:
+        raise PriceTableError(f"{key} has unknown key {sorted(unknown)[0]!r}")
+    for needed in ("input", "output"):
+        if needed not in entry:
+            raise PriceTableError(f"{key} is missing {needed!r} (USD per million tokens)")
+    return Price(
+        _number(entry["input"], f"{key}.input"),
+        _number(entry["output"], f"{key}.output"),
+        _number(entry.get("batch_discount", default_discount), f"{key}.batch_discount", 1.0),
+    )
+
+
+def _number(value: Any, key: str, at_most: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise PriceTableError(f"{key} must be a number >= 0, got {value!r}")
+    if at_most is not None and value > at_most:
+        raise PriceTableError(f"{key} must be <= {at_most:g}, got {value!r}")
+    return float(value)
+
+
+@lru_cache(maxsize=8)
+def load_prices(override: str | None = None) -> PriceTable:
+    """The shipped table, with `override` (LEDGER_PRICES_FILE) entries on top."""
+    shipped = resources.files("ledger").joinpath("data/prices.toml").read_text(encoding="utf-8")
+    prices = _read(shipped, "ledger/data/prices.toml")
+    if override:
+        path = Path(override)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PriceTableError(f"LEDGER_PRICES_FILE: cannot read {path}: {exc}") from None
+        prices.update(_read(text, str(path)))
+    return PriceTable(prices)

@@ -1,0 +1,648 @@
+"""Provider batch jobs' SQL: grouping, attaching requests, batch leases, mapping results back.
+
+Invariants every statement here keeps:
+- A batch row is leased like a request (`lease_owner`, `lease_token`): every write a
+  step makes to a batch (and, through it, to its requests) is fenced by the token,
+  so two daemons never submit or map the same batch, and one whose lease was taken
+  over changes nothing (`BatchLeaseLost`).
+- A request is attached to a batch (status `submitted`, `batch_id`, its attempt row
+  opened and counted) in the transaction that makes the batch `submitting`, before
+  any provider call; its result is written only while it is still `submitted` in
+  that very batch, and its attempt only while still `running`: mapping a result
+  twice (a crash mid-mapping, then a restart) changes nothing the second time.
+- Transactions that update many request rows take the claim lock first (the lock
+  order of every multi-row writer, docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, bindparam, case, delete, func, insert, literal, or_, select, update
+from sqlalchemy.engine import Connection, Engine
+
+from ledger.models import AttemptOutcome, BatchStatus, Delivery, LlmBatch, RequestStatus
+from ledger.store.claim import QUEUED, attempts, requests
+from ledger.store.dialect import Dialect, db_now, db_now_plus
+
+batches = LlmBatch.__table__  # type: ignore[attr-defined]
+_r, _b, _a = requests.c, batches.c, attempts.c
+
+SUBMITTED = RequestStatus.SUBMITTED.value
+BATCH = Delivery.BATCH.value
+OPEN_BATCH = (BatchStatus.QUEUED.value, BatchStatus.SUBMITTING.value, BatchStatus.SUBMITTED.value)
+_CHUNK = 1000  # rows per statement when attaching or reading a batch's requests
+
+
+class BatchLeaseLost(RuntimeError):
+    """The batch is no longer this worker's (its lease expired and another daemon took it)."""
+
+
+@dataclass(frozen=True)
+class BatchGroup:
+    """Queued batch requests that may share one provider batch."""
+
+    provider: str
+    model: str
+    batch_key: str | None
+    job_id: str | None
+    queued: int
+    waited: bool  # the oldest has waited LEDGER_PROVIDER_BATCH_WAIT
+
+
+@dataclass(frozen=True)
+class BatchLease:
+    id: int
+    token: int
+    worker: str
+
+
+@dataclass(frozen=True)
+class LineOutcome:
+    """One result line, ready to write: `kind` succeeded | failed | expired | canceled."""
+
+    request_id: int
+    kind: str
+    text: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    status_code: int | None = None
+    error_code: str | None = None
+    message: str | None = None
+    retryable: bool = False
+
+
+@dataclass
+class Mapped:
+    """What mapping a chunk of result lines did."""
+
+    completed: int = 0
+    failed: int = 0  # ended `error`
+    retried: int = 0  # back to the queue after a retryable failure (counted)
+    requeued: int = 0  # back to the queue, not reached by the provider (not counted)
+    kept: int = 0  # already mapped, canceled, or not in this batch: nothing changed
+
+    def add(self, other: Mapped) -> None:
+        for name in ("completed", "failed", "retried", "requeued", "kept"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+_FENCE = update(batches).where(
+    _b.id == bindparam("b_batch"), _b.lease_token == bindparam("b_token"), _b.lease_owner == bindparam("b_worker")
+)
+_MAP_SUCCEEDED = (
+    update(requests)
+    .where(
+        _r.id == bindparam("b_id"),
+        _r.batch_id == bindparam("b_batch"),
+        # Still waiting for this batch; or canceled meanwhile and still without the answer it paid for.
+        or_(_r.status == SUBMITTED, and_(_r.status == RequestStatus.CANCELED.value, _r.raw_output.is_(None))),
+    )
+    .values(
+        status=case((_r.status == SUBMITTED, RequestStatus.COMPLETED.value), else_=_r.status),
+        raw_output=bindparam("b_raw"),
+        input_tokens=bindparam("b_in"),
+        output_tokens=bindparam("b_out"),
+        cost_usd=bindparam("b_cost"),
+        last_status_code=200,
+        error_code=case((_r.status == SUBMITTED, None), else_=_r.error_code),
+        error_message=case((_r.status == SUBMITTED, None), else_=_r.error_message),
+        completed_at=func.coalesce(_r.completed_at, db_now()),
+        updated_at=db_now(),
+    )
+)
+_STILL_WAITING = and_(_r.id == bindparam("b_id"), _r.batch_id == bindparam("b_batch"), _r.status == SUBMITTED)
+_MAP_FAILED = (
+    update(requests)
+    .where(_STILL_WAITING)
+    .values(
+        status=bindparam("b_status"),
+        next_attempt_at=db_now_plus(bindparam("b_delay")),
+        error_code=bindparam("b_code"),
+        error_message=bindparam("b_message"),
+        last_status_code=bindparam("b_status_code"),
+        completed_at=case((bindparam("b_status") == QUEUED, None), else_=db_now()),
+        updated_at=db_now(),
+    )
+)
+_CLOSE_ATTEMPT = (
+    update(attempts)
+    .where(
+        _a.request_id == bindparam("b_id"),
+        _a.batch_id == bindparam("b_batch"),
+        _a.outcome == AttemptOutcome.RUNNING.value,
+    )
+    .values(
+        outcome=bindparam("b_outcome"),
+        status_code=bindparam("b_status_code"),
+        error_code=bindparam("b_code"),
+        error_message=bindparam("b_message"),
+        retry_delay_s=bindparam("b_delay"),
+        finished_at=db_now(),
+    )
+)
+_ATTACH = (
+    update(requests)
+    .where(_r.id.in_(bindparam("b_ids", expanding=True)), _r.status == QUEUED, _r.delivery == BATCH)
+    .values(status=SUBMITTED, batch_id=bindparam("b_batch"), attempts=_r.attempts + 1, updated_at=db_now())
+    .returning(_r.id, _r.attempts)
+)
+_OPEN_ATTEMPT = insert(attempts).values(started_at=db_now())
+_ATTEMPT_OUTCOME = {
+    "succeeded": AttemptOutcome.SUCCEEDED.value,
+    "failed": AttemptOutcome.FAILED.value,
+    "expired": AttemptOutcome.EXPIRED.value,
+    "canceled": AttemptOutcome.CANCELED.value,
+}
+
+
+class BatchQueries:
+    """Mixed into `Store`; needs `engine` and `dialect`."""
+
+    engine: Engine
+    dialect: Dialect
+
+    # -- forming batches -------------------------------------------------------
+
+    def move_to_online(self, batch_providers: Iterable[str]) -> dict[str, int]:
+        """Queued batch requests of providers without a batch API go through the online path."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                update(requests)
+                .where(_r.status == QUEUED, _r.delivery == BATCH, _r.provider.not_in(list(batch_providers)))
+                .values(delivery=Delivery.ONLINE.value, updated_at=db_now())
+                .returning(_r.provider)
+            ).scalars()
+            moved: dict[str, int] = {}
+            for provider in rows:
+                moved[provider] = moved.get(provider, 0) + 1
+            return moved
+
+    def batch_groups(self, wait_seconds: float) -> list[BatchGroup]:
+        """Groups of due batch requests, each with whether its oldest has waited long enough."""
+        key = (_r.provider, _r.model, _r.batch_key, _r.job_id)
+        query = (
+            select(*key, func.count(), func.min(_r.next_attempt_at) <= db_now_plus(-wait_seconds))
+            .where(_r.status == QUEUED, _r.delivery == BATCH, _r.next_attempt_at <= db_now())
+            .group_by(*key)
+            .order_by(func.min(_r.next_attempt_at))
+        )
+        with self.engine.connect() as conn:
+            return [BatchGroup(p, m, k, j, int(n), bool(w)) for p, m, k, j, n, w in conn.execute(query)]
+
+    def open_batch(self, group: BatchGroup, worker: str, lease_seconds: float, submit_key: str) -> BatchLease:
+        """The batch row, leased to `worker`, before any request is attached (status `queued`)."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                insert(batches)
+                .values(
+                    provider=group.provider,
+                    model=group.model,
+                    params_key=group.batch_key,
+                    job_id=group.job_id,
+                    submit_key=submit_key,
+                    status=BatchStatus.QUEUED.value,
+                    lease_owner=worker,
+                    lease_token=1,
+                    lease_expires_at=db_now_plus(lease_seconds),
+                    created_at=db_now(),
+                    updated_at=db_now(),
+                )
+                .returning(_b.id, _b.lease_token)
+            ).one()
+        return BatchLease(int(row.id), int(row.lease_token), worker)
+
+    def group_request_ids(self, group: BatchGroup, limit: int) -> list[int]:
+        """Due requests of a group, in claim order (priority, fairness across jobs, age)."""
+        query = (
+            select(_r.id)
+            .where(
+                _r.status == QUEUED,
+                _r.delivery == BATCH,
+                _r.next_attempt_at <= db_now(),
+                _r.provider == group.provider,
+                _r.model == group.model,
+                _r.batch_key.is_(None) if group.batch_key is None else _r.batch_key == group.batch_key,
+                _r.job_id.is_(None) if group.job_id is None else _r.job_id == group.job_id,
+            )
+            .order_by(_r.priority.desc(), _r.fair_seq, _r.id)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return list(conn.execute(query).scalars())
+
+    def request_inputs(self, ids: Sequence[int]) -> list[Any]:
+        """What a batch input line needs of each request, in the order of `ids`."""
+        query = select(_r.id, _r.model, _r.input, _r.params, _r.response_format).where(
+            _r.id.in_(bindparam("b_ids", expanding=True))
+        )
+        with self.engine.connect() as conn:
+            found = {row.id: row for row in conn.execute(query, {"b_ids": list(ids)})}
+        return [found[i] for i in ids if i in found]
+
+    def batch_request_ids(self, batch_id: int) -> list[int]:
+        """The requests attached to a batch and still waiting for it, in id order (its input's order)."""
+        query = select(_r.id).where(_r.batch_id == batch_id, _r.status == SUBMITTED).order_by(_r.id)
+        with self.engine.connect() as conn:
+            return list(conn.execute(query).scalars())
+
+    def attach(self, lease: BatchLease, ids: Sequence[int], input_bytes: int) -> list[int]:
+        """Attach requests to the batch (those still queued): `submitted`, attempt counted and opened.
+
+        Returns the ids attached, in id order; the batch becomes `submitting`. A batch
+        with nothing left to attach (all canceled meanwhile) is deleted.
+        """
+        with self.engine.begin() as conn:
+            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            _fence(conn, lease)
+            attached: list[tuple[int, int]] = []
+            for start in range(0, len(ids), _CHUNK):
+                chunk = sorted(ids[start : start + _CHUNK])
+                attached += [(r.id, r.attempts) for r in conn.execute(_ATTACH, {"b_ids": chunk, "b_batch": lease.id})]
+            if not attached:
+                conn.execute(delete(batches).where(_b.id == lease.id))
+                return []
+            conn.execute(
+                _OPEN_ATTEMPT,
+                [
+                    {
+                        "request_id": rid,
+                        "attempt": n,
+                        "worker": lease.worker,
+                        "outcome": AttemptOutcome.RUNNING.value,
+                        "batch_id": lease.id,
+                    }
+                    for rid, n in attached
+                ],
+            )
+            conn.execute(
+                update(batches)
+                .where(_b.id == lease.id)
+                .values(
+                    status=BatchStatus.SUBMITTING.value,
+                    request_total=len(attached),
+                    input_bytes=input_bytes,
+                    updated_at=db_now(),
+                )
+            )
+        return sorted(rid for rid, _ in attached)
+
+    # -- leases ----------------------------------------------------------------
+
+    def take_batch(self, worker: str, lease_seconds: float) -> dict[str, Any] | None:
+        """Lease the next batch with work due: one to (re)submit, one due for a poll, or one with
+        a cancel to send. Its lease is free, expired, or already this worker's."""
+        free = or_(_b.lease_owner.is_(None), _b.lease_expires_at < db_now(), _b.lease_owner == worker)
+        due = or_(
+            _b.status.in_([BatchStatus.QUEUED.value, BatchStatus.SUBMITTING.value]),
+            and_(
+                _b.status == BatchStatus.SUBMITTED.value,
+                or_(
+                    _b.next_poll_at.is_(None),
+                    _b.next_poll_at <= db_now(),
+                    and_(_b.cancel_requested_at.is_not(None), _b.cancel_sent_at.is_(None)),
+                ),
+            ),
+        )
+        with self.engine.begin() as conn:
+            picked = conn.execute(
+                self.dialect.for_update(
+                    select(_b.id)
+                    .where(_b.status.in_(OPEN_BATCH), free, due)
+                    .order_by(func.coalesce(_b.next_poll_at, _b.created_at), _b.id)
+                    .limit(1)
+                )
+            ).scalar()
+            if picked is None:
+                return None
+            row = conn.execute(
+                update(batches)
+                .where(_b.id == picked)
+                .values(
+                    lease_owner=worker,
+                    lease_token=_b.lease_token + 1,
+                    lease_expires_at=db_now_plus(lease_seconds),
+                    updated_at=db_now(),
+                )
+                .returning(*batches.c)
+            ).one()
+            return dict(row._mapping)
+
+    def renew_batch(self, lease: BatchLease, lease_seconds: float) -> bool:
+        with self.engine.begin() as conn:
+            return bool(
+                conn.execute(_FENCE.values(lease_expires_at=db_now_plus(lease_seconds)), _lease_params(lease)).rowcount
+            )
+
+    def release_batch(self, lease: BatchLease, poll_in: float | None = None) -> None:
+        """End a step: the lease is let go (any daemon may take the next step), next poll set."""
+        values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None, "updated_at": db_now()}
+        if poll_in is not None:
+            values["next_poll_at"] = db_now_plus(poll_in)
+        with self.engine.begin() as conn:
+            conn.execute(
+                _FENCE.values(**values), {"b_batch": lease.id, "b_token": lease.token, "b_worker": lease.worker}
+            )
+
+    def release_batch_leases(self, worker: str) -> int:
+        """At start (a previous process under this worker id) or at stop: every batch lease
+        held under `worker` is let go, so the next step is taken at once, by any daemon."""
+        with self.engine.begin() as conn:
+            return int(
+                conn.execute(
+                    update(batches)
+                    .where(_b.lease_owner == worker)
+                    .values(lease_owner=None, lease_expires_at=None, updated_at=db_now())
+                ).rowcount
+            )
+
+    # -- submission ------------------------------------------------------------
+
+    def set_input_file(self, lease: BatchLease, file_id: str) -> None:
+        """The uploaded input's id, stored before the create call that uses it."""
+        with self.engine.begin() as conn:
+            _fence(conn, lease, input_file_id=file_id)
+
+    def mark_submitted(
+        self, lease: BatchLease, provider_batch_id: str, provider_status: str, poll_in: float, *, adopted: bool = False
+    ) -> None:
+        with self.engine.begin() as conn:
+            _fence(
+                conn,
+                lease,
+                status=BatchStatus.SUBMITTED.value,
+                provider_batch_id=provider_batch_id,
+                provider_status=provider_status,
+                submitted_at=func.coalesce(_b.submitted_at, db_now()),
+                adopted_at=db_now() if adopted else None,
+                next_poll_at=db_now_plus(poll_in),
+                poll_error=None,
+            )
+
+    def note_poll(
+        self,
+        lease: BatchLease,
+        *,
+        provider_status: str | None = None,
+        counts: dict[str, int] | None = None,
+        output_file_id: str | None = None,
+        error_file_id: str | None = None,
+        poll_error: str | None = None,
+    ) -> None:
+        """What a poll saw. A local error goes to `poll_error` only: never over what the provider said."""
+        values: dict[str, Any] = {"poll_error": poll_error}
+        if provider_status is not None:
+            values |= {"provider_status": provider_status, "request_counts": counts}
+            values |= {"output_file_id": output_file_id, "error_file_id": error_file_id}
+        with self.engine.begin() as conn:
+            _fence(conn, lease, **values)
+
+    def mark_cancel_sent(self, lease: BatchLease) -> None:
+        with self.engine.begin() as conn:
+            _fence(conn, lease, cancel_sent_at=db_now())
+
+    # -- mapping results back --------------------------------------------------
+
+    def map_lines(
+        self, lease: BatchLease, lines: Sequence[LineOutcome], max_attempts: int, delay_for: Callable[[int], float]
+    ) -> Mapped:
+        """Write a chunk of result lines in one transaction, set-based.
+
+        succeeded: `completed` with raw output, usage and cost (a request canceled while its
+        batch ran keeps `canceled` and gets the output it paid for); failed: retried in a
+        later batch while the request's failed attempts stay under `max_attempts` and the
+        error is retryable, else `error`; expired / canceled: back to the queue, not counted.
+        """
+        with self.engine.begin() as conn:
+            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            _fence(conn, lease)
+            return _map_in(conn, lease.id, lines, max_attempts, delay_for)
+
+    def finish_batch(
+        self,
+        lease: BatchLease,
+        status: str,
+        *,
+        error: str | None = None,
+        rejected: dict[int, str] | None = None,
+        count_failure: str | None = None,
+        max_attempts: int = 3,
+        delay_for: Callable[[int], float] = lambda n: 0.0,
+    ) -> Mapped:
+        """The batch is over. Its requests that got no result line end one way each:
+        a cancel asked of the ledger → `canceled`; named by the provider's validation
+        errors (`rejected`: request id → reason) → `error`; `count_failure` (a reason: the
+        batch failed as a whole) → a failed attempt, retried by the policy; otherwise (an
+        expired or canceled batch) → back to the queue, not counted. Then the batch ends
+        `status`, its lease let go."""
+        mapped = Mapped()
+        with self.engine.begin() as conn:
+            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            row = _fence(conn, lease)
+            left = list(conn.execute(select(_r.id).where(_r.batch_id == lease.id, _r.status == SUBMITTED)).scalars())
+            if row.cancel_requested_at is not None:
+                mapped.requeued = _end_canceled(conn, lease.id, left)
+            else:
+                named = [i for i in left if i in (rejected or {})]
+                lines = [
+                    LineOutcome(i, "failed", status_code=400, error_code="invalid_request", message=rejected[i])
+                    for i in named
+                    if rejected is not None
+                ]
+                rest = [i for i in left if i not in set(named)]
+                if count_failure is not None:
+                    lines += [
+                        LineOutcome(i, "failed", error_code="batch_failed", message=count_failure, retryable=True)
+                        for i in rest
+                    ]
+                else:
+                    lines += [LineOutcome(i, "expired", error_code="batch_ended", message=error) for i in rest]
+                for start in range(0, len(lines), _CHUNK):
+                    mapped.add(_map_in(conn, lease.id, lines[start : start + _CHUNK], max_attempts, delay_for))
+            conn.execute(
+                update(batches)
+                .where(_b.id == lease.id)
+                .values(
+                    status=status,
+                    error=error,
+                    completed_at=db_now(),
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    updated_at=db_now(),
+                )
+            )
+        return mapped
+
+    # -- cancel and audit ------------------------------------------------------
+
+    def request_batch_cancel(self, *, batch_id: int | None = None, job_id: str | None = None) -> list[dict[str, Any]]:
+        """Mark open batches for cancel; returns them (id, status, provider, provider_batch_id)."""
+        where = [_b.status.in_(OPEN_BATCH)]
+        if batch_id is not None:
+            where.append(_b.id == batch_id)
+        if job_id is not None:
+            where.append(_b.job_id == job_id)
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                update(batches)
+                .where(*where)
+                .values(cancel_requested_at=func.coalesce(_b.cancel_requested_at, db_now()), updated_at=db_now())
+                .returning(_b.id, _b.status, _b.provider, _b.provider_batch_id, _b.cancel_sent_at)
+            )
+            return [dict(r._mapping) for r in rows]
+
+    def note_cancel_sent(self, batch_id: int) -> None:
+        """The provider took the cancel (sent from outside a batch step, e.g. `ledger cancel --batch`)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(batches)
+                .where(_b.id == batch_id, _b.cancel_sent_at.is_(None))
+                .values(cancel_sent_at=db_now(), next_poll_at=db_now(), updated_at=db_now())
+            )
+
+    def get_batch(self, batch_id: int) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(batches).where(_b.id == batch_id)).first()
+            return dict(row._mapping) if row is not None else None
+
+    def has_batch_work(self) -> bool:
+        """Batch requests queued (due or not) or submitted, or a batch not over yet."""
+        pending = select(literal(1)).where(
+            or_(
+                and_(_r.delivery == BATCH, _r.status == QUEUED),
+                _r.status == SUBMITTED,
+            )
+        )
+        open_batch = select(literal(1)).where(_b.status.in_(OPEN_BATCH))
+        with self.engine.connect() as conn:
+            return (
+                conn.execute(pending.limit(1)).first() is not None
+                or conn.execute(open_batch.limit(1)).first() is not None
+            )
+
+
+def _lease_params(lease: BatchLease) -> dict[str, Any]:
+    return {"b_batch": lease.id, "b_token": lease.token, "b_worker": lease.worker}
+
+
+def _fence(conn: Connection, lease: BatchLease, **values: Any) -> Any:
+    """Touch the batch under this lease (row-locking it until commit); raise if it is not ours."""
+    row = conn.execute(
+        _FENCE.values(updated_at=db_now(), **values).returning(_b.id, _b.cancel_requested_at), _lease_params(lease)
+    ).first()
+    if row is None:
+        raise BatchLeaseLost(f"batch {lease.id}: lease {lease.token} is no longer {lease.worker}'s")
+    return row
+
+
+def _map_in(
+    conn: Connection, batch_id: int, lines: Sequence[LineOutcome], max_attempts: int, delay_for: Callable[[int], float]
+) -> Mapped:
+    """The writes of `map_lines`, inside a transaction that holds the lock and the batch's lease."""
+    mapped = Mapped()
+    failed_before = _failed_attempts(conn, [x.request_id for x in lines if x.kind == "failed"])
+    succeeded: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    closed: list[dict[str, Any]] = []
+    for x in lines:
+        base = {"b_id": x.request_id, "b_batch": batch_id}
+        delay = None
+        if x.kind == "succeeded":
+            succeeded.append(
+                base | {"b_raw": x.text, "b_in": x.input_tokens, "b_out": x.output_tokens, "b_cost": x.cost_usd}
+            )
+        elif x.kind == "failed":
+            number = failed_before.get(x.request_id, 0) + 1
+            retry = x.retryable and number < max_attempts
+            delay = delay_for(number) if retry else 0.0
+            failed.append(
+                base
+                | {
+                    "b_status": QUEUED if retry else RequestStatus.ERROR.value,
+                    "b_delay": delay,
+                    "b_code": x.error_code,
+                    "b_message": x.message,
+                    "b_status_code": x.status_code,
+                }
+            )
+        closed.append(
+            base
+            | {
+                "b_outcome": _ATTEMPT_OUTCOME[x.kind],
+                "b_status_code": x.status_code,
+                "b_code": x.error_code,
+                "b_message": x.message,
+                "b_delay": delay,
+            }
+        )
+    if succeeded:
+        mapped.completed = conn.execute(_MAP_SUCCEEDED, succeeded).rowcount
+    if failed:
+        # Split by outcome so each count is exact even when some rows were already mapped.
+        for status, params in (
+            (QUEUED, [f for f in failed if f["b_status"] == QUEUED]),
+            (RequestStatus.ERROR.value, [f for f in failed if f["b_status"] != QUEUED]),
+        ):
+            if params:
+                matched = conn.execute(_MAP_FAILED, params).rowcount
+                if status == QUEUED:
+                    mapped.retried = matched
+                else:
+                    mapped.failed = matched
+    if closed:
+        conn.execute(_CLOSE_ATTEMPT, closed)
+    mapped.requeued = _requeue(conn, batch_id, [x.request_id for x in lines if x.kind in ("expired", "canceled")])
+    mapped.kept = len(lines) - mapped.completed - mapped.failed - mapped.retried - mapped.requeued
+    return mapped
+
+
+def _failed_attempts(conn: Connection, ids: list[int]) -> dict[int, int]:
+    """Failed attempts per request so far: what RETRY_MAX_ATTEMPTS counts for batch requests."""
+    if not ids:
+        return {}
+    rows = conn.execute(
+        select(_a.request_id, func.count())
+        .where(_a.request_id.in_(ids), _a.outcome == AttemptOutcome.FAILED.value)
+        .group_by(_a.request_id)
+    )
+    return {int(rid): int(n) for rid, n in rows}
+
+
+def _requeue(conn: Connection, batch_id: int, ids: list[int]) -> int:
+    """Requests the provider never reached go back to the queue, due now, for a later batch."""
+    if not ids:
+        return 0
+    return int(
+        conn.execute(
+            update(requests)
+            .where(_r.id.in_(ids), _r.batch_id == batch_id, _r.status == SUBMITTED)
+            .values(status=QUEUED, next_attempt_at=db_now(), updated_at=db_now())
+        ).rowcount
+    )
+
+
+def _end_canceled(conn: Connection, batch_id: int, ids: list[int]) -> int:
+    """A batch canceled by the ledger: what it did not answer ends `canceled`."""
+    if not ids:
+        return 0
+    conn.execute(
+        update(attempts)
+        .where(_a.request_id.in_(ids), _a.batch_id == batch_id, _a.outcome == AttemptOutcome.RUNNING.value)
+        .values(outcome=AttemptOutcome.CANCELED.value, error_code="batch_canceled", finished_at=db_now())
+    )
+    return int(
+        conn.execute(
+            update(requests)
+            .where(_r.id.in_(ids), _r.batch_id == batch_id, _r.status == SUBMITTED)
+            .values(
+                status=RequestStatus.CANCELED.value,
+                error_code="canceled",
+                error_message="canceled with its provider batch",
+                completed_at=db_now(),
+                updated_at=db_now(),
+            )
+        ).rowcount
+    )
