@@ -92,6 +92,7 @@ class BatchWorker:
         self._said_online: set[str] = set()
         self._workdir = Path(tempfile.mkdtemp(prefix="ledger-batches-"))
         self.steps = 0
+        self.step_started = 0.0  # wall clock at the start of the step under way (for its events)
 
     # -- the loop --------------------------------------------------------------
 
@@ -140,12 +141,17 @@ class BatchWorker:
         """One step's failures stay that step's: a lost lease or a provider error is logged, the
         loop goes on (the batch's state in the ledger says where the next step resumes)."""
         self.steps += 1
+        self.step_started = time.time()
         try:
             await step
         except BatchLeaseLost as exc:
             LOG.warning("batch lease lost: step abandoned", extra={"details": {"error": str(exc)}})
         except ProviderError as exc:
             LOG.error("batch step failed at the provider", extra={"details": {"error": exc.message}})
+        except DBAPIError:
+            raise  # the lane already retried: the database is gone, and the daemon stops
+        except Exception:  # a bug in one step must not take the daemon down; the lease expires
+            LOG.exception("batch step failed; it is taken up again when its lease expires")
 
     async def _go_online(self) -> None:
         moved = await self.lane.run(self.store.move_to_online, BATCH_PROVIDERS)
@@ -249,7 +255,14 @@ class BatchWorker:
         )
         await self.lane.run(self.store.release_batch, lease)
         events.batch_submitted(
-            lease.id, adapter.name, created.id, count, size, round(build_s, 3), round(time.monotonic() - t0, 3)
+            lease.id,
+            adapter.name,
+            created.id,
+            count,
+            size,
+            round(build_s, 3),
+            round(time.monotonic() - t0, 3),
+            self.step_started,
         )
 
     async def _submit_failed(self, lease: BatchLease, error: ProviderError) -> None:
@@ -349,7 +362,7 @@ class BatchWorker:
                 error_file_id=batch.error_file_id,
             )
         )
-        events.batch_polled(lease.id, provider_id, batch.status, self.worker)
+        events.batch_polled(lease.id, provider_id, batch.status, self.worker, self.step_started)
         if not batch.ended:
             await self.lane.run(self.store.release_batch, lease, interval)
             return
@@ -465,3 +478,36 @@ def _encode_all(adapter: BatchAdapter, batch_id: int, key: str, rows: Sequence[A
         )
         for row in rows
     ]
+
+
+def cancel_batches(
+    store: Store, settings: Settings, *, batch_id: int | None = None, job_id: str | None = None
+) -> list[str]:
+    """Mark open batches canceled and send the cancel to the provider now (a daemon resends it at
+    its next poll if this fails). What the provider finished before the cancel is still mapped
+    back by the daemon; the rest of the batch's requests end `canceled`. One line per batch."""
+    marked = store.request_batch_cancel(batch_id=batch_id, job_id=job_id)
+    said = []
+    for batch in marked:
+        if batch["provider_batch_id"] is None:
+            said.append(f"batch {batch['id']}: canceled before it reached the provider")
+            continue
+        if batch["cancel_sent_at"] is not None:
+            said.append(f"batch {batch['id']}: cancel already sent to {batch['provider']}")
+            continue
+        adapter = make_batch_adapter(batch["provider"], settings)
+
+        async def send(adapter: BatchAdapter = adapter, provider_id: str = batch["provider_batch_id"]) -> str:
+            try:
+                return (await adapter.cancel(provider_id)).status
+            finally:
+                await adapter.aclose()
+
+        try:
+            status = anyio.run(send)
+        except ProviderError as exc:
+            said.append(f"batch {batch['id']}: cancel marked; the provider refused it for now ({exc.message})")
+            continue
+        store.note_cancel_sent(int(batch["id"]))
+        said.append(f"batch {batch['id']}: {batch['provider']} says {status}; finished results are mapped back")
+    return said

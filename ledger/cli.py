@@ -161,10 +161,18 @@ def show(
         sys.stdout.write(json.dumps(found, default=_json_default, indent=2) + "\n")
         return
     attempts = found.pop("attempt_rows")
+    if found.get("batch_id") is not None:
+        batch_row = store.get_batch(found["batch_id"])
+        if batch_row is not None:
+            out.print(
+                f"[bold]batch[/]: {batch_row['id']} ({batch_row['provider']} {_s(batch_row['provider_batch_id'])}, "
+                f"{batch_row['status']}; see ledger batches)",
+                highlight=False,
+            )
     for key, value in found.items():
         if value is not None:
             out.print(f"[bold]{key}[/]: {_s(value)}", highlight=False)
-    table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in s", "started", "worker")
+    table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in s", "started", "worker", "batch")
     for a in attempts:
         table.add_row(
             str(a["attempt"]),
@@ -175,6 +183,7 @@ def show(
             _s(a["retry_delay_s"]),
             _s(a["started_at"]),
             _s(a["worker"]),
+            _s(a["batch_id"]),
         )
     out.print(table)
 
@@ -234,6 +243,13 @@ def status(job: Annotated[str | None, typer.Option(help="Only this job's counts.
     store = open_store(settings)
     counts = store.status_counts(job)
     out.print("requests: " + ", ".join(f"{k} {v}" for k, v in counts.items()), highlight=False)
+    unpriced = store.unpriced_count(job)
+    if unpriced:
+        out.print(
+            f"{unpriced} completed request(s) have no cost: their models are not in the price table "
+            "(add them with LEDGER_PRICES_FILE)",
+            highlight=False,
+        )
     pending = store.cancel_pending(job)
     if pending:
         line = f"{pending} running with a cancel pending: they end canceled when their call returns"
@@ -256,17 +272,93 @@ def status(job: Annotated[str | None, typer.Option(help="Only this job's counts.
 @app.command()
 def cancel(
     request_ids: Annotated[list[int] | None, typer.Argument(help="Request ids to cancel.")] = None,
-    job: Annotated[str | None, typer.Option(help="Cancel every unfinished request of this job.")] = None,
+    job: Annotated[
+        str | None, typer.Option(help="Cancel every unfinished request of this job, and its provider batches.")
+    ] = None,
+    batch: Annotated[
+        int | None,
+        typer.Option(help="Cancel this provider batch (ledger id) at the provider; finished results are kept."),
+    ] = None,
 ) -> None:
     """Cancel requests that are not final yet (a call in flight keeps its slot until it returns)."""
-    if not request_ids and not job:
-        fail("give request ids or --job")
+    from ledger.batches import cancel_batches
+
+    if not request_ids and not job and batch is None:
+        fail("give request ids, --job or --batch")
+    settings = settings_or_exit()
+    store = open_store(settings)
+    if batch is not None and store.get_batch(batch) is None:
+        fail(f"no batch with id {batch}", code=1)
+    if request_ids or job:
+        result = store.cancel(ids=request_ids or None, job_id=job)
+        line = f"canceled {result.canceled} request(s)"
+        if result.in_flight:
+            line += f"; {result.in_flight} with a call in flight end canceled when the call returns"
+        out.print(line, highlight=False, soft_wrap=True)
+    if batch is not None or job:
+        with operator_errors():
+            said = cancel_batches(store, settings, batch_id=batch, job_id=job)
+        for line in said:
+            out.print(line, highlight=False, soft_wrap=True)
+        if batch is not None and not said:
+            out.print(f"batch {batch} is already over; nothing to cancel", highlight=False)
+
+
+@app.command()
+def batches(
+    limit: Annotated[int, typer.Option(help="At most this many batches, newest first.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """List provider batch jobs: status (ledger's and provider's), requests, failures, age, cost."""
     store = open_store(settings_or_exit())
-    result = store.cancel(ids=request_ids or None, job_id=job)
-    line = f"canceled {result.canceled} request(s)"
-    if result.in_flight:
-        line += f"; {result.in_flight} with a call in flight end canceled when the call returns"
-    out.print(line, highlight=False, soft_wrap=True)
+    found = store.list_batches(limit)
+    if as_json:
+        for b in found:
+            line = {
+                "id": b["id"],
+                "provider": b["provider"],
+                "model": b["model"],
+                "provider_batch_id": b["provider_batch_id"],
+                "status": b["status"],
+                "provider_status": b["provider_status"],
+                "total": b["request_total"],
+                "completed": b["completed"],
+                "failed": b["failed"],
+                "age_s": b["age_s"],
+                "cost_usd": b["cost_usd"],
+            }
+            sys.stdout.write(json.dumps(line, default=_json_default) + "\n")
+        return
+    table = Table(
+        "id",
+        "provider",
+        "model",
+        "provider batch",
+        "status",
+        "provider says",
+        "total",
+        "done",
+        "failed",
+        "age s",
+        "cost $",
+        "job",
+    )
+    for b in found:
+        table.add_row(
+            str(b["id"]),
+            b["provider"],
+            b["model"],
+            _s(b["provider_batch_id"]),
+            b["status"],
+            _s(b["provider_status"]),
+            str(b["request_total"]),
+            str(b["completed"]),
+            str(b["failed"]),
+            f"{b['age_s']:.0f}",
+            "" if b["cost_usd"] is None else f"{b['cost_usd']:.4f}",
+            _s(b["job_id"]),
+        )
+    out.print(table)
 
 
 @app.command()

@@ -199,6 +199,7 @@ def batch_submitted(
     input_bytes: int,
     build_s: float,
     submit_s: float,
+    step_started: float,
 ) -> None:
     _emit(
         logging.INFO,
@@ -211,6 +212,7 @@ def batch_submitted(
             "input_bytes": input_bytes,
             "build_s": build_s,
             "submit_s": submit_s,
+            "step_started": round(step_started, 6),
         },
     )
 
@@ -229,7 +231,8 @@ def batch_adopted(batch_id: int, provider: str, provider_batch_id: str, requests
     )
 
 
-def batch_polled(batch_id: int, provider_batch_id: str, provider_status: str, worker: str) -> None:
+def batch_polled(batch_id: int, provider_batch_id: str, provider_status: str, worker: str, step_started: float) -> None:
+    """`step_started`: when the step that polled took the batch's lease (logs show one step at a time)."""
     _emit(
         logging.INFO,
         {
@@ -238,6 +241,7 @@ def batch_polled(batch_id: int, provider_batch_id: str, provider_status: str, wo
             "provider_batch_id": provider_batch_id,
             "provider_status": provider_status,
             "worker": worker,
+            "step_started": round(step_started, 6),
         },
     )
 

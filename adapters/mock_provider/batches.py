@@ -18,8 +18,8 @@ Faults, by flag (a rate per batch or per line) or by directive in a prompt
 
 Flags: `batch_expire_rate` (the batch expires; every other line gets no result),
 `batch_fail_rate` (validation failure of the whole batch), `batch_line_error_rate`
-(a line answers 500), `batch_create_stall`, `batch_results_stall` (a results
-download stops half-way for that long).
+(a line answers 500), `batch_create_stall`, `batch_results_stall` (the first
+download of each result file stops half-way for that long).
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class BatchStore:
         self.batches: dict[str, Batch] = {}
         self.seen: Counter[str] = Counter()  # per prompt: batches that carried it
         self.creates: Counter[str] = Counter()  # batches accepted, per wire
+        self.downloaded: set[str] = set()  # files and results downloaded at least once
 
     def stats(self) -> dict[str, Any]:
         return {"batch_creates": dict(self.creates), "batch_ids": list(self.batches)}
@@ -118,7 +119,7 @@ class BatchStore:
         if parts[:2] == ["v1", "files"] and len(parts) >= 3 and parts[2] in self.files:
             stored = self.files[parts[2]]
             if len(parts) == 4 and parts[3] == "content":
-                return self._download(stored.content, "application/octet-stream")
+                return self._download(stored.id, stored.content, "application/octet-stream")
             return json_reply(200, stored.describe())
         if method == "POST" and path == "/v1/batches":
             return self._openai_create(json.loads(body))
@@ -142,13 +143,16 @@ class BatchStore:
                     return error_reply("anthropic", 400, "invalid_request_error", "batch has not ended")
                 self._finish(batch)
                 lines = "".join(json.dumps(r) + "\n" for r in batch.results or [])
-                return self._download(lines.encode(), "application/x-jsonl")
+                return self._download(batch.id, lines.encode(), "application/x-jsonl")
             return json_reply(200, self._anthropic_view(batch, host))
         return None
 
-    def _download(self, content: bytes, content_type: str) -> Reply:
+    def _download(self, name: str, content: bytes, content_type: str) -> Reply:
+        """A file or results download; with `batch_results_stall`, its first download pauses half-way."""
         stall = self.config.batch_results_stall
-        if stall <= 0 or not content:
+        first = name not in self.downloaded
+        self.downloaded.add(name)
+        if stall <= 0 or not content or not first:
             return Reply(200, content, content_type=content_type)
         half = content.rfind(b"\n", 0, len(content) // 2) + 1  # a line boundary near the middle
         return Reply(200, content, content_type=content_type, stall=(half, stall))

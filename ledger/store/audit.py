@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import column, func, select, table
 from sqlalchemy.engine import Engine
 
-from ledger.models import LlmAttempt, LlmPool, LlmRequest, RequestStatus
+from ledger.models import BATCH_AUDIT_VIEW, LlmAttempt, LlmBatch, LlmPool, LlmRequest, RequestStatus
 from ledger.store.dialect import db_now
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -95,6 +96,55 @@ class AuditQueries:
         with self.engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
+    def unpriced_count(self, job_id: str | None = None) -> int:
+        """Completed requests whose model the price table does not know: their cost_usd is empty."""
+        query = select(func.count()).where(
+            requests.c.status == RequestStatus.COMPLETED.value, requests.c.cost_usd.is_(None)
+        )
+        if job_id is not None:
+            query = query.where(requests.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def list_batches(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Provider batches, newest first, from the `llm_batch_audit` view, with their age in seconds."""
+        view = table(
+            BATCH_AUDIT_VIEW,
+            *(
+                column(name)
+                for name in (
+                    "id",
+                    "provider",
+                    "model",
+                    "job_id",
+                    "status",
+                    "provider_status",
+                    "provider_batch_id",
+                    "request_total",
+                    "completed",
+                    "failed",
+                    "cost_usd",
+                    "turnaround_s",
+                )
+            ),
+        )
+        batches_t = LlmBatch.__table__  # type: ignore[attr-defined]
+        query = (
+            select(view, batches_t.c.created_at)
+            .join(batches_t, batches_t.c.id == view.c.id)
+            .order_by(view.c.id.desc())
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            now = conn.execute(select(db_now())).scalar_one()
+            found = []
+            for row in conn.execute(query):
+                item = dict(row._mapping)
+                created = item.pop("created_at")
+                item["age_s"] = round(_seconds_between(created, now), 1)
+                found.append(item)
+            return found
+
     def attempt_count(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(attempts)).scalar_one())
@@ -119,6 +169,19 @@ class AuditQueries:
                 pool["cooldown_until"] = until if cooling else None
                 pool["learned_limit"] = learned
             return usage
+
+
+def _seconds_between(earlier: Any, later: Any) -> float:
+    """Both from the database clock; SQLite hands back text, PostgreSQL datetimes."""
+    if isinstance(earlier, str):
+        earlier = datetime.fromisoformat(earlier)
+    if isinstance(later, str):
+        later = datetime.fromisoformat(later)
+    if earlier.tzinfo is None and later.tzinfo is not None:
+        later = later.replace(tzinfo=None)
+    if later.tzinfo is None and earlier.tzinfo is not None:
+        earlier = earlier.replace(tzinfo=None)
+    return max(0.0, float((later - earlier).total_seconds()))
 
 
 def _empty_pool() -> dict[str, Any]:

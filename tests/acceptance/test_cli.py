@@ -11,7 +11,19 @@ from pathlib import Path
 import pytest
 
 LEDGER = [sys.executable, "-m", "ledger.cli"]
-COMMANDS = ["migrate", "enqueue", "requests", "show", "export", "status", "cancel", "daemon", "mock-provider", "demo"]
+COMMANDS = [
+    "migrate",
+    "enqueue",
+    "requests",
+    "show",
+    "export",
+    "status",
+    "cancel",
+    "batches",
+    "daemon",
+    "mock-provider",
+    "demo",
+]
 
 
 def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterator
 
@@ -55,4 +56,157 @@ def test_a_thousand_requests_make_one_batch_per_provider_and_every_answer_comes_
         (r["id"], "succeeded") for r in requests
     )
     assert {a["batch_id"] for a in attempts} == set(batch_of.values())
+    store.close()
+
+
+def test_models_params_and_jobs_make_separate_batches(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock)
+    enqueue(settings, [f"a {i}" for i in range(5)], model="gpt-4o-mini", params={"temperature": 0})
+    enqueue(settings, [f"b {i}" for i in range(5)], model="gpt-4o-mini", params={"temperature": 1})
+    enqueue(settings, [f"c {i}" for i in range(5)], model="gpt-4o", params={"temperature": 0})
+    enqueue(settings, [f"d {i}" for i in range(5)], model="gpt-4o-mini", params={"temperature": 0}, job_id="j2")
+    run(settings)
+
+    store = Store(db_url)
+    batches = rows(store, batches_t)
+    assert len(batches) == 4 and all(b["request_total"] == 5 for b in batches)
+    for b in batches:  # each batch holds one model, one set of params, one job
+        members = rows(store, requests_t, requests_t.c.batch_id == b["id"])
+        assert len({(r["model"], str(r["params"]), r["job_id"]) for r in members}) == 1
+    assert all(r["status"] == "completed" for r in rows(store, requests_t))
+    store.close()
+
+
+def test_a_group_over_the_count_or_byte_limit_is_split(db_url: str, mock: RunningMockProvider) -> None:
+    by_count = batch_settings(db_url, mock, LEDGER_PROVIDER_BATCH_SIZE=40)
+    enqueue(by_count, [f"count {i}" for i in range(100)])
+    run(by_count)
+    store = Store(db_url)
+    assert sorted(b["request_total"] for b in rows(store, batches_t)) == [20, 40, 40]
+
+    by_bytes = batch_settings(db_url, mock, LEDGER_PROVIDER_BATCH_MAX_BYTES=4096)
+    enqueue(by_bytes, [f"bytes {i} " + "x" * 100 for i in range(60)], model="gpt-4o")
+    run(by_bytes)
+    split = [b for b in rows(store, batches_t) if b["model"] == "gpt-4o"]
+    assert len(split) > 1
+    assert all(b["input_bytes"] <= 4096 for b in split)
+    assert sum(b["request_total"] for b in split) == 60
+    assert all(r["status"] == "completed" for r in rows(store, requests_t))
+    store.close()
+
+
+def test_line_errors_are_retried_in_a_later_batch_and_permanent_ones_fail(
+    db_url: str, mock: RunningMockProvider
+) -> None:
+    # Retries come due over the jitter's half second; waiting a second gathers them in one batch.
+    settings = batch_settings(db_url, mock, LEDGER_PROVIDER_BATCH_WAIT=1)
+    prompts = [f"p {i}" + (" [[mock:fail=500x1]]" if i % 4 == 0 else "") for i in range(20)]
+    prompts.append("never [[mock:fail=400x*]]")
+    enqueue(settings, prompts)
+    run(settings)
+
+    store = Store(db_url)
+    batches = rows(store, batches_t)
+    assert [b["request_total"] for b in batches] == [21, 5]  # the second carries only the retried lines
+    requests = {r["input"]["messages"][0]["content"]: r for r in rows(store, requests_t)}
+    for prompt, r in requests.items():
+        outcomes = [a["outcome"] for a in rows(store, attempts_t, attempts_t.c.request_id == r["id"])]
+        if "fail=500" in prompt:
+            assert (r["status"], outcomes, r["batch_id"]) == ("completed", ["failed", "succeeded"], batches[1]["id"])
+        elif "fail=400" in prompt:
+            assert (r["status"], outcomes, r["last_status_code"]) == ("error", ["failed"], 400)
+        else:
+            assert (r["status"], outcomes, r["batch_id"]) == ("completed", ["succeeded"], batches[0]["id"])
+    store.close()
+
+
+@pytest.mark.parametrize("provider,model", [("openai", "gpt-4o-mini"), ("anthropic", "claude-haiku-4-5")])
+def test_an_expired_batch_resubmits_only_its_missing_requests(
+    db_url: str, mock: RunningMockProvider, provider: str, model: str
+) -> None:
+    # One attempt allowed: a request the provider never reached must not spend it.
+    settings = batch_settings(db_url, mock, RETRY_MAX_ATTEMPTS=1)
+    enqueue(
+        settings, [f"e {i}" + (" [[mock:expire]]" if i < 3 else "") for i in range(10)], provider=provider, model=model
+    )
+    run(settings)
+
+    store = Store(db_url)
+    first, second = rows(store, batches_t)
+    assert (first["status"], first["provider_status"]) == ("error", "expired" if provider == "openai" else "ended")
+    assert (second["status"], second["request_total"]) == ("completed", 3)
+    for r in rows(store, requests_t):
+        outcomes = [a["outcome"] for a in rows(store, attempts_t, attempts_t.c.request_id == r["id"])]
+        assert r["status"] == "completed"
+        if "expire" in r["input"]["messages"][0]["content"]:
+            assert (outcomes, r["batch_id"]) == (["expired", "succeeded"], second["id"])
+        else:  # finished in the expired batch: kept, never sent again
+            assert (outcomes, r["batch_id"]) == (["succeeded"], first["id"])
+    store.close()
+
+
+@pytest.mark.parametrize("provider,model", [("openai", "gpt-4o-mini"), ("anthropic", "claude-haiku-4-5")])
+def test_a_batch_failing_validation_fails_the_named_request_and_requeues_the_rest(
+    db_url: str, mock: RunningMockProvider, provider: str, model: str
+) -> None:
+    settings = batch_settings(db_url, mock)
+    enqueue(
+        settings, [f"v {i}" + (" [[mock:invalid]]" if i == 2 else "") for i in range(5)], provider=provider, model=model
+    )
+    run(settings)
+
+    store = Store(db_url)
+    first, second = rows(store, batches_t)
+    assert first["status"] == "error" and "invalid" in first["error"]
+    assert (second["status"], second["request_total"]) == ("completed", 4)
+    for r in rows(store, requests_t):
+        if "invalid" in r["input"]["messages"][0]["content"]:
+            assert r["status"] == "error" and "invalid" in r["error_message"]
+        else:
+            assert r["status"] == "completed"
+    store.close()
+
+
+class Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[dict[str, object]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events.append(getattr(record, "event_fields", {}))
+
+
+def test_a_provider_without_a_batch_api_completes_the_requests_online(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock)
+    enqueue(settings, [f"o {i}" for i in range(6)], provider="openai-compatible", model="llama3")
+    collect, logger = Collect(), logging.getLogger("ledger.events")
+    logger.addHandler(collect)
+    try:
+        run(settings)
+    finally:
+        logger.removeHandler(collect)
+
+    store = Store(db_url)
+    assert all(r["status"] == "completed" and r["delivery"] == "online" for r in rows(store, requests_t))
+    assert rows(store, batches_t) == []
+    assert mock.stats()["calls"] == 6 and mock.stats()["batch_creates"] == {}
+    said = [e for e in collect.events if e.get("event") == "simulated_batching"]
+    assert len(said) == 1 and said[0]["provider"] == "openai-compatible"  # said once, for all six
+    store.close()
+
+
+def test_cost_from_the_price_table_online_and_for_unknown_models_none(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock)
+    enqueue(settings, ["priced"], model="gpt-4o", delivery="online")
+    enqueue(settings, ["unpriced"], model="some-local-model", delivery="online")
+    run(settings)
+
+    store = Store(db_url)
+    priced, unpriced = rows(store, requests_t)
+    price = settings.prices.price("openai", "gpt-4o")
+    assert price is not None
+    assert priced["cost_usd"] == pytest.approx((priced["input_tokens"] * 2.50 + priced["output_tokens"] * 10.00) / 1e6)
+    assert price.cost(1_000_000, 0, batch=True) == pytest.approx(1.25)  # half price in a batch
+    assert unpriced["status"] == "completed" and unpriced["cost_usd"] is None
+    assert store.unpriced_count() == 1
     store.close()
