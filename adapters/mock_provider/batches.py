@@ -273,8 +273,13 @@ class BatchStore:
             for i, line in enumerate(batch.lines)
         ]
         if batch.kind == "openai":
-            ok = [r for r in batch.results if r.get("response") and r["response"]["status_code"] == 200]
-            bad = [r for r in batch.results if r.get("custom_id") and r not in ok]
+            ok: list[dict[str, Any]] = []
+            bad: list[dict[str, Any]] = []
+            for r in batch.results:
+                if r.get("response") and r["response"]["status_code"] == 200:
+                    ok.append(r)
+                elif r.get("custom_id"):  # `{}`: a canceled line, in neither file
+                    bad.append(r)
             batch.output_file_id = self._file(batch, "output", ok)
             batch.error_file_id = self._file(batch, "errors", bad) if bad else None
 

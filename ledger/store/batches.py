@@ -419,7 +419,7 @@ class BatchQueries:
         with self.engine.begin() as conn:
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             _fence(conn, lease)
-            return _map_in(conn, lease.id, lines, max_attempts, delay_for)
+            return _map_in(conn, self.dialect, lease.id, lines, max_attempts, delay_for)
 
     def finish_batch(
         self,
@@ -461,7 +461,8 @@ class BatchQueries:
                 else:
                     lines += [LineOutcome(i, "expired", error_code="batch_ended", message=error) for i in rest]
                 for start in range(0, len(lines), _CHUNK):
-                    mapped.add(_map_in(conn, lease.id, lines[start : start + _CHUNK], max_attempts, delay_for))
+                    chunk = lines[start : start + _CHUNK]
+                    mapped.add(_map_in(conn, self.dialect, lease.id, chunk, max_attempts, delay_for))
             conn.execute(
                 update(batches)
                 .where(_b.id == lease.id)
@@ -539,7 +540,12 @@ def _fence(conn: Connection, lease: BatchLease, **values: Any) -> Any:
 
 
 def _map_in(
-    conn: Connection, batch_id: int, lines: Sequence[LineOutcome], max_attempts: int, delay_for: Callable[[int], float]
+    conn: Connection,
+    dialect: Dialect,
+    batch_id: int,
+    lines: Sequence[LineOutcome],
+    max_attempts: int,
+    delay_for: Callable[[int], float],
 ) -> Mapped:
     """The writes of `map_lines`, inside a transaction that holds the lock and the batch's lease."""
     mapped = Mapped()
@@ -579,7 +585,7 @@ def _map_in(
             }
         )
     if succeeded:
-        mapped.completed = conn.execute(_MAP_SUCCEEDED, succeeded).rowcount
+        mapped.completed = dialect.executemany(conn, _MAP_SUCCEEDED, succeeded)
     if failed:
         # Split by outcome so each count is exact even when some rows were already mapped.
         for status, params in (
@@ -587,13 +593,13 @@ def _map_in(
             (RequestStatus.ERROR.value, [f for f in failed if f["b_status"] != QUEUED]),
         ):
             if params:
-                matched = conn.execute(_MAP_FAILED, params).rowcount
+                matched = dialect.executemany(conn, _MAP_FAILED, params)
                 if status == QUEUED:
                     mapped.retried = matched
                 else:
                     mapped.failed = matched
     if closed:
-        conn.execute(_CLOSE_ATTEMPT, closed)
+        dialect.executemany(conn, _CLOSE_ATTEMPT, closed)
     mapped.requeued = _requeue(conn, batch_id, [x.request_id for x in lines if x.kind in ("expired", "canceled")])
     mapped.kept = len(lines) - mapped.completed - mapped.failed - mapped.retried - mapped.requeued
     return mapped

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from adapters.mock_provider.answers import chat_answer
 from ledger.store import Store
 from tests.integration.batch_helpers import attempts_t, batch_settings, batches_t, enqueue, requests_t, rows, run
+
+README = Path(__file__).parents[2] / "README.md"
 
 
 @pytest.fixture
@@ -56,6 +61,16 @@ def test_a_thousand_requests_make_one_batch_per_provider_and_every_answer_comes_
         (r["id"], "succeeded") for r in requests
     )
     assert {a["batch_id"] for a in attempts} == set(batch_of.values())
+    # The README's batch audit query: per-batch cost is the sum of its requests', turnaround known.
+    query = re.findall(r"```sql\n(.*?)```", README.read_text(), flags=re.S)[2]
+    assert "llm_batch_audit" in query
+    with store.engine.connect() as conn:
+        audited = conn.execute(text(query)).mappings().all()
+    for b in audited:
+        mine = [r for r in requests if r["batch_id"] == b["id"]]
+        assert (b["status"], b["request_total"], b["completed"], b["failed"]) == ("completed", 1000, 1000, 0)
+        assert b["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in mine))
+        assert b["turnaround_s"] is not None and b["turnaround_s"] > 0
     store.close()
 
 
