@@ -29,6 +29,7 @@ from adapters.base import (
     ProviderError,
     ReconcileLater,
     classify_status,
+    compact_json,
 )
 
 # The provider's own limits per batch (https://docs.anthropic.com/en/docs/build-with-claude/batch-processing).
@@ -49,10 +50,6 @@ _ERROR_STATUS = {
 _RETRYABLE = {"rate_limit_error", "api_error", "overloaded_error", "timeout_error"}
 
 
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 class AnthropicBatches:
     name = "anthropic"
     max_requests = MAX_REQUESTS
@@ -66,7 +63,7 @@ class AnthropicBatches:
     def encode(self, custom_id: str, request: CallRequest) -> bytes:
         # anthropic_params always sets max_tokens, which every Message Batches entry needs.
         params = {"model": request.model, "messages": request.messages, **anthropic_params(request)}
-        return _dumps({"custom_id": custom_id, "params": params})
+        return compact_json({"custom_id": custom_id, "params": params})
 
     async def upload(self, path: Path) -> str | None:
         return None  # the requests travel in the create call's body

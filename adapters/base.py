@@ -8,6 +8,7 @@ where the system prompt goes, which errors are transient) stays behind it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,11 @@ class Adapter(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+def compact_json(obj: Any) -> bytes:
+    """One batch input entry: JSON without spaces, UTF-8 as is (input files are sized in bytes)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def retry_after_seconds(headers: Any) -> float | None:

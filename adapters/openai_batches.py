@@ -23,6 +23,7 @@ from adapters.base import (
     ProviderBatch,
     ProviderError,
     classify_status,
+    compact_json,
 )
 from adapters.openai import completion_result, openai_messages
 
@@ -33,10 +34,6 @@ MAX_BYTES = 200 * 1024 * 1024
 _STATES = {"completed": "completed", "expired": "expired", "cancelled": "canceled", "failed": "failed"}
 # Error-file codes that mean "not reached", not "this request failed".
 _NOT_REACHED = {"batch_expired": "expired", "batch_cancelled": "canceled", "batch_canceled": "canceled"}
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class OpenAIBatches:
@@ -53,7 +50,7 @@ class OpenAIBatches:
         body: dict[str, Any] = {"model": request.model, "messages": openai_messages(request), **request.params}
         if request.response_format is not None:
             body["response_format"] = request.response_format
-        return _dumps({"custom_id": custom_id, "method": "POST", "url": ENDPOINT, "body": body})
+        return compact_json({"custom_id": custom_id, "method": "POST", "url": ENDPOINT, "body": body})
 
     async def upload(self, path: Path) -> str | None:
         with path.open("rb") as stream:  # the SDK hands the open file to the HTTP client, which streams it
