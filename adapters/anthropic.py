@@ -12,7 +12,7 @@ from typing import Any
 
 import anthropic
 
-from adapters.base import CallRequest, CallResult, ProviderError, classify_status
+from adapters.base import CallRequest, CallResult, sdk_errors
 
 DEFAULT_MAX_TOKENS = 1024
 _KEEP = {"temperature", "top_p", "top_k", "stop_sequences", "metadata", "thinking", "tools", "tool_choice"}
@@ -47,21 +47,13 @@ class AnthropicAdapter:
         return False
 
     async def call(self, request: CallRequest, *, timeout: float) -> CallResult:
-        try:
+        with sdk_errors(anthropic):
             message = await self._client.messages.create(
                 model=request.model,
                 messages=request.messages,  # type: ignore[arg-type]
                 timeout=timeout,
                 **anthropic_params(request),
             )
-        except anthropic.APIStatusError as exc:
-            raise classify_status(
-                exc.status_code, f"{exc.status_code}: {exc.message}", exc.body, exc.response.headers
-            ) from None
-        except anthropic.APITimeoutError:
-            raise ProviderError("request timed out", retryable=True, code="timeout") from None
-        except anthropic.APIConnectionError as exc:
-            raise ProviderError(f"connection error: {exc}", retryable=True, code="connection_error") from None
         text = "".join(block.text for block in message.content if block.type == "text")
         return CallResult(text, message.usage.input_tokens, message.usage.output_tokens)
 

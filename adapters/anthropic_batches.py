@@ -12,7 +12,6 @@ import json
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import anthropic
 import anyio
@@ -26,10 +25,9 @@ from adapters.base import (
     BatchTag,
     CallRequest,
     ProviderBatch,
-    ProviderError,
     ReconcileLater,
-    classify_status,
     compact_json,
+    sdk_errors,
 )
 
 # The provider's own limits per batch (https://docs.anthropic.com/en/docs/build-with-claude/batch-processing).
@@ -76,14 +74,13 @@ class AnthropicBatches:
                 while chunk := await stream.read(_CHUNK):
                     yield chunk
 
-        created = await _call(
-            self._client.post(
+        with sdk_errors(anthropic, rejections=_rejections):
+            created = await self._client.post(
                 "/v1/messages/batches",
                 cast_to=MessageBatch,
                 content=body(),
                 options={"headers": {"content-type": "application/json", "content-length": str(size)}},
             )
-        )
         return _batch(created)
 
     async def find(
@@ -94,7 +91,7 @@ class AnthropicBatches:
         are checked line by line when mapped: lines not ours are ignored). Several still processing:
         `ReconcileLater`, never a second batch."""
         processing: list[ProviderBatch] = []
-        try:
+        with sdk_errors(anthropic):
             async for listed in self._client.messages.batches.list(limit=100):
                 found = _batch(listed)
                 if found.created_at is not None and found.created_at < created_after:
@@ -105,8 +102,6 @@ class AnthropicBatches:
                     processing.append(found)
                 elif await self._first_custom_id_is_ours(found.id, is_ours):
                     return found
-        except anthropic.APIError as exc:
-            raise _error(exc) from None
         if len(processing) > 1:
             raise ReconcileLater(f"{len(processing)} batches of {total} requests still processing")
         return processing[0] if processing else None
@@ -119,19 +114,19 @@ class AnthropicBatches:
         return False
 
     async def retrieve(self, batch_id: str) -> ProviderBatch:
-        return _batch(await _call(self._client.messages.batches.retrieve(batch_id)))
+        with sdk_errors(anthropic):
+            return _batch(await self._client.messages.batches.retrieve(batch_id))
 
     async def cancel(self, batch_id: str) -> ProviderBatch:
-        return _batch(await _call(self._client.messages.batches.cancel(batch_id)))
+        with sdk_errors(anthropic):
+            return _batch(await self._client.messages.batches.cancel(batch_id))
 
     async def results(self, batch: ProviderBatch) -> AsyncIterator[BatchLine]:
-        try:
+        with sdk_errors(anthropic):
             async with self._client.messages.batches.with_streaming_response.results(batch.id) as response:
                 async for line in response.iter_lines():
                     if line.strip():
                         yield result_line(line)
-        except anthropic.APIError as exc:
-            raise _error(exc) from None
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -187,31 +182,12 @@ def _batch(batch: MessageBatch) -> ProviderBatch:
     )
 
 
-async def _call(awaitable: Any) -> Any:
-    try:
-        return await awaitable
-    except anthropic.APIError as exc:
-        raise _error(exc) from None
-
-
-def _error(exc: anthropic.APIError) -> ProviderError:
-    if isinstance(exc, anthropic.APIStatusError):
-        failure = classify_status(exc.status_code, f"{exc.status_code}: {exc.message}", exc.body, exc.response.headers)
-        rejection = _rejection(exc)
-        if rejection is not None:
-            failure.rejections = (rejection,)
-        return failure
-    if isinstance(exc, anthropic.APITimeoutError):
-        return ProviderError("request timed out", retryable=True, code="timeout")
-    return ProviderError(f"connection error: {exc}", retryable=True, code="connection_error")
-
-
-def _rejection(exc: anthropic.APIStatusError) -> BatchRejection | None:
+def _rejections(exc: anthropic.APIStatusError) -> tuple[BatchRejection, ...]:
     """A 400 at create names the bad entry as `requests.N...`: that line, not the whole batch."""
     if exc.status_code != 400:
-        return None
+        return ()
     body = exc.body if isinstance(exc.body, dict) else {}
     message = str((body.get("error") or {}).get("message") or exc.message)
     _, _, rest = message.partition("requests.")
     index = rest.split(".", 1)[0].split(":", 1)[0]
-    return BatchRejection(int(index) if index.isdigit() else None, "invalid_request_error", message)
+    return (BatchRejection(int(index) if index.isdigit() else None, "invalid_request_error", message),)

@@ -9,9 +9,11 @@ where the system prompt goes, which errors are transient) stays behind it.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 # Transient by nature (seed 000 FR-002, plus 500 and Anthropic's 529 "overloaded").
@@ -72,6 +74,30 @@ class Adapter(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@contextmanager
+def sdk_errors(
+    sdk: ModuleType,
+    *,
+    message: Callable[[Any], str] | None = None,
+    rejections: Callable[[Any], tuple[BatchRejection, ...]] | None = None,
+) -> Iterator[None]:
+    """Turn the official SDKs' HTTP failures (`openai` and `anthropic` name them alike) into
+    `ProviderError`s with the ledger's retry rules. `message` words a status error (default
+    "STATUS: message"); `rejections` reads which batch entries a refused create named."""
+    try:
+        yield
+    except sdk.APIStatusError as exc:
+        text = message(exc) if message is not None else f"{exc.status_code}: {exc.message}"
+        failure = classify_status(exc.status_code, text, exc.body, exc.response.headers)
+        if rejections is not None:
+            failure.rejections = rejections(exc)
+        raise failure from None
+    except sdk.APITimeoutError:
+        raise ProviderError("request timed out", retryable=True, code="timeout") from None
+    except sdk.APIConnectionError as exc:
+        raise ProviderError(f"connection error: {exc}", retryable=True, code="connection_error") from None
 
 
 def compact_json(obj: Any) -> bytes:

@@ -12,7 +12,7 @@ from typing import Any
 
 import openai
 
-from adapters.base import CallRequest, CallResult, ProviderError, classify_status
+from adapters.base import CallRequest, CallResult, ProviderError, classify_status, sdk_errors
 
 
 def openai_messages(request: CallRequest) -> list[dict[str, Any]]:
@@ -39,19 +39,13 @@ class OpenAIAdapter:
         body: dict[str, Any] = dict(request.params)
         if request.response_format is not None:
             body["response_format"] = request.response_format
-        try:
+        with sdk_errors(openai, message=_short):
             raw = await self._client.chat.completions.with_raw_response.create(
                 model=request.model,
                 messages=openai_messages(request),  # type: ignore[arg-type]
                 extra_body=body,
                 timeout=timeout,
             )
-        except openai.APIStatusError as exc:
-            raise classify_status(exc.status_code, _short(exc), exc.body, exc.response.headers) from None
-        except openai.APITimeoutError:
-            raise ProviderError("request timed out", retryable=True, code="timeout") from None
-        except openai.APIConnectionError as exc:
-            raise ProviderError(f"connection error: {exc}", retryable=True, code="connection_error") from None
         return parse_chat_completion(raw.http_response.text, raw.http_response.status_code)
 
     async def aclose(self) -> None:

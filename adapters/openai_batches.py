@@ -22,8 +22,8 @@ from adapters.base import (
     CallRequest,
     ProviderBatch,
     ProviderError,
-    classify_status,
     compact_json,
+    sdk_errors,
 )
 from adapters.openai import completion_result, openai_messages
 
@@ -53,56 +53,54 @@ class OpenAIBatches:
         return compact_json({"custom_id": custom_id, "method": "POST", "url": ENDPOINT, "body": body})
 
     async def upload(self, path: Path) -> str | None:
-        with path.open("rb") as stream:  # the SDK hands the open file to the HTTP client, which streams it
-            uploaded = await _call(self._client.files.create(file=(path.name, stream), purpose="batch"))
+        # The SDK hands the open file to the HTTP client, which streams it.
+        with path.open("rb") as stream, sdk_errors(openai):
+            uploaded = await self._client.files.create(file=(path.name, stream), purpose="batch")
         return str(uploaded.id)
 
     async def create(self, path: Path, input_file_id: str | None, tag: BatchTag) -> ProviderBatch:
         if input_file_id is None:
             raise ValueError("OpenAI batches need an uploaded input file")
-        created = await _call(
-            self._client.batches.create(
+        with sdk_errors(openai):
+            created = await self._client.batches.create(
                 input_file_id=input_file_id,
                 endpoint=ENDPOINT,
                 completion_window="24h",
                 metadata={"ledger_batch_id": str(tag.ledger_batch_id), "ledger_submit_key": tag.submit_key},
             )
-        )
         return _batch(created)
 
     async def find(
         self, tag: BatchTag, created_after: float, total: int, is_ours: Callable[[str], bool]
     ) -> ProviderBatch | None:
         """The batch whose metadata names this ledger batch, among those created since `created_after`."""
-        try:
+        with sdk_errors(openai):
             async for listed in self._client.batches.list(limit=100):
                 found = _batch(listed)
                 if found.tag == tag:
                     return found
                 if found.created_at is not None and found.created_at < created_after:
                     return None  # newest first: everything further is older than the ledger batch
-        except openai.APIError as exc:
-            raise _error(exc) from None
         return None
 
     async def retrieve(self, batch_id: str) -> ProviderBatch:
-        return _batch(await _call(self._client.batches.retrieve(batch_id)))
+        with sdk_errors(openai):
+            return _batch(await self._client.batches.retrieve(batch_id))
 
     async def cancel(self, batch_id: str) -> ProviderBatch:
-        return _batch(await _call(self._client.batches.cancel(batch_id)))
+        with sdk_errors(openai):
+            return _batch(await self._client.batches.cancel(batch_id))
 
     async def results(self, batch: ProviderBatch) -> AsyncIterator[BatchLine]:
         """The output file's lines, then the error file's, streamed."""
         for file_id in (batch.output_file_id, batch.error_file_id):
             if file_id is None:
                 continue
-            try:
+            with sdk_errors(openai):
                 async with self._client.files.with_streaming_response.content(file_id) as response:
                     async for line in response.iter_lines():
                         if line.strip():
                             yield result_line(line)
-            except openai.APIError as exc:
-                raise _error(exc) from None
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -165,18 +163,3 @@ def _batch(batch: Any) -> ProviderBatch:
         output_file_id=batch.output_file_id,
         error_file_id=batch.error_file_id,
     )
-
-
-async def _call(awaitable: Any) -> Any:
-    try:
-        return await awaitable
-    except openai.APIError as exc:
-        raise _error(exc) from None
-
-
-def _error(exc: openai.APIError) -> ProviderError:
-    if isinstance(exc, openai.APIStatusError):
-        return classify_status(exc.status_code, f"{exc.status_code}: {exc.message}", exc.body, exc.response.headers)
-    if isinstance(exc, openai.APITimeoutError):
-        return ProviderError("request timed out", retryable=True, code="timeout")
-    return ProviderError(f"connection error: {exc}", retryable=True, code="connection_error")

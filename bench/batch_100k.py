@@ -87,7 +87,8 @@ def run(n: int, provider: str, db: str) -> dict[str, Any]:
         build_s = sum(e["build_s"] for e in submitted)
         submit_s = sum(e["submit_s"] for e in submitted)
         map_s = sum(e["map_s"] for e in mapped)
-        lines = sum(e["completed"] + e["failed"] + e["retried"] + e["requeued"] + e["unchanged"] for e in mapped)
+        kinds = ("completed", "failed", "retried", "requeued", "canceled", "unchanged")
+        lines = sum(e[kind] for e in mapped for kind in kinds)
         return {
             "db": db,
             "provider": provider,

@@ -35,9 +35,18 @@ from typing import Any
 import anyio
 from sqlalchemy.exc import DBAPIError
 
-from adapters.base import BatchAdapter, BatchLine, BatchTag, CallRequest, ProviderBatch, ProviderError, ReconcileLater
+from adapters.base import (
+    BatchAdapter,
+    BatchLine,
+    BatchRejection,
+    BatchTag,
+    ProviderBatch,
+    ProviderError,
+    ReconcileLater,
+)
 from adapters.registry import BATCH_PROVIDERS, make_batch_adapter
 from ledger import events
+from ledger.executor import stored_call
 from ledger.models import BatchStatus
 from ledger.prices import PriceTable
 from ledger.record import DbLane
@@ -66,11 +75,6 @@ def parse_custom_id(value: str) -> tuple[int, str, int] | None:
     return (int(found[1]), found[2], int(found[3])) if found else None
 
 
-def closed_groups(groups: Sequence[BatchGroup], size: int) -> list[BatchGroup]:
-    """Groups ready to submit: full, or their oldest request has waited long enough."""
-    return [g for g in groups if g.queued >= size or g.waited]
-
-
 class BatchWorker:
     """The daemon's provider-batch loop (one per daemon)."""
 
@@ -91,7 +95,6 @@ class BatchWorker:
         self._adapters: dict[str, BatchAdapter] = dict(adapters or {})
         self._said_online: set[str] = set()
         self._workdir = Path(tempfile.mkdtemp(prefix="ledger-batches-"))
-        self.steps = 0
         self.step_started = 0.0  # wall clock at the start of the step under way (for its events)
 
     # -- the loop --------------------------------------------------------------
@@ -123,8 +126,13 @@ class BatchWorker:
         groups = await self.lane.run(self.store.batch_groups, self.settings.provider_batch_wait)
         if any(g.provider not in BATCH_PROVIDERS for g in groups):
             await self._go_online()
-        ready = closed_groups([g for g in groups if g.provider in BATCH_PROVIDERS], self.settings.provider_batch_size)
-        for group in ready:
+        # Ready: its oldest request has waited long enough, or it fills a batch (at the provider's own
+        # limit when that is lower than LEDGER_PROVIDER_BATCH_SIZE).
+        for group in groups:
+            if group.provider not in BATCH_PROVIDERS:
+                continue
+            if not group.waited and group.queued < self._batch_limit(await self.adapter(group.provider)):
+                continue
             if stop.is_set():
                 return did
             await self._guarded(self.submit_group(group))
@@ -140,7 +148,6 @@ class BatchWorker:
     async def _guarded(self, step: Any) -> None:
         """One step's failures stay that step's: a lost lease or a provider error is logged, the
         loop goes on (the batch's state in the ledger says where the next step resumes)."""
-        self.steps += 1
         self.step_started = time.time()
         try:
             await step
@@ -160,9 +167,14 @@ class BatchWorker:
                 self._said_online.add(provider)
                 events.simulated_batching(provider, count)
 
-    def adapter(self, provider: str) -> BatchAdapter:
+    def _batch_limit(self, adapter: BatchAdapter) -> int:
+        return min(self.settings.provider_batch_size, adapter.max_requests)
+
+    async def adapter(self, provider: str) -> BatchAdapter:
+        """Built once, off the event loop: importing an SDK takes ~1 s, which on the loop would
+        stall every online call in flight (as `Scheduler.adapter_for` avoids too)."""
         if provider not in self._adapters:
-            self._adapters[provider] = make_batch_adapter(provider, self.settings)
+            self._adapters[provider] = await anyio.to_thread.run_sync(make_batch_adapter, provider, self.settings)
         return self._adapters[provider]
 
     @asynccontextmanager
@@ -190,8 +202,8 @@ class BatchWorker:
 
     async def submit_group(self, group: BatchGroup) -> None:
         """A new batch for a closed group: open it, choose and attach its requests, submit."""
-        adapter = self.adapter(group.provider)
-        limit = min(self.settings.provider_batch_size, adapter.max_requests)
+        adapter = await self.adapter(group.provider)
+        limit = self._batch_limit(adapter)
         max_bytes = min(self.settings.provider_batch_max_bytes or adapter.max_bytes, adapter.max_bytes)
         key = secrets.token_hex(4)
         lease = await self.lane.run(self.store.open_batch, group, self.worker, self.settings.lease_seconds, key)
@@ -253,7 +265,6 @@ class BatchWorker:
         await self.lane.run(
             self.store.mark_submitted, lease, created.id, created.status, self.settings.batch_poll_interval
         )
-        await self.lane.run(self.store.release_batch, lease)
         events.batch_submitted(
             lease.id,
             adapter.name,
@@ -277,8 +288,7 @@ class BatchWorker:
                 extra={"details": {"batch_id": lease.id, "error": error.message, "retry_in_s": round(delay, 1)}},
             )
             return
-        ids = await self.lane.run(self.store.batch_request_ids, lease.id)
-        rejected = {ids[r.line]: r.message for r in error.rejections if r.line is not None and r.line < len(ids)}
+        rejected = await self._rejected_requests(lease, error.rejections)
         await self._finish(
             lease,
             BatchStatus.ERROR.value,
@@ -302,7 +312,7 @@ class BatchWorker:
     async def resume(self, lease: BatchLease, row: dict[str, Any]) -> None:
         """A `submitting` batch taken up again: the provider may have accepted it before the
         ledger could record that. Look for it first; create it only if it is not there."""
-        adapter = self.adapter(row["provider"])
+        adapter = await self.adapter(row["provider"])
         key = str(row["submit_key"])
         ids = await self.lane.run(self.store.batch_request_ids, lease.id)
         if not ids or row["cancel_requested_at"] is not None:
@@ -317,7 +327,7 @@ class BatchWorker:
                     BatchTag(lease.id, key),
                     created_after,
                     int(row["request_total"]),
-                    lambda cid: _is_of(cid, lease.id, key),
+                    lambda cid: _request_of(cid, lease.id, key) is not None,
                 )
             except ReconcileLater as exc:
                 LOG.warning("batch not resubmitted yet", extra={"details": {"batch_id": lease.id, "why": str(exc)}})
@@ -332,7 +342,6 @@ class BatchWorker:
                     0.0 if found.ended else self.settings.batch_poll_interval,
                     adopted=True,
                 )
-                await self.lane.run(self.store.release_batch, lease)
                 events.batch_adopted(lease.id, adapter.name, found.id, int(row["request_total"]))
                 return
         path = self._workdir / f"batch-{lease.id}.input"
@@ -341,17 +350,17 @@ class BatchWorker:
         await self._submit(adapter, lease, key, path, len(ids), size, time.monotonic() - t0)
 
     async def poll(self, lease: BatchLease, row: dict[str, Any]) -> None:
-        adapter = self.adapter(row["provider"])
+        adapter = await self.adapter(row["provider"])
         provider_id = str(row["provider_batch_id"])
         interval = self.settings.batch_poll_interval
         try:
             if row["cancel_requested_at"] is not None and row["cancel_sent_at"] is None:
                 await adapter.cancel(provider_id)
-                await self.lane.run(self.store.mark_cancel_sent, lease)
+                await self.lane.run(self.store.note_cancel_sent, lease.id)
             batch = await adapter.retrieve(provider_id)
         except ProviderError as exc:  # a local or transient failure: what the provider said stays
-            await self.lane.run(self.store.note_poll, lease, poll_error=exc.message)
-            await self.lane.run(self.store.release_batch, lease, interval)
+            why = exc.message
+            await self.lane.run(lambda: self.store.note_poll(lease, poll_error=why, release_for=interval))
             return
         await self.lane.run(
             lambda: self.store.note_poll(
@@ -360,13 +369,12 @@ class BatchWorker:
                 counts=batch.counts,
                 output_file_id=batch.output_file_id,
                 error_file_id=batch.error_file_id,
+                release_for=None if batch.ended else interval,  # an ended batch is mapped under this lease
             )
         )
         events.batch_polled(lease.id, provider_id, batch.status, self.worker, self.step_started)
-        if not batch.ended:
-            await self.lane.run(self.store.release_batch, lease, interval)
-            return
-        await self.map_back(adapter, lease, row, batch)
+        if batch.ended:
+            await self.map_back(adapter, lease, row, batch)
 
     async def map_back(
         self, adapter: BatchAdapter, lease: BatchLease, row: dict[str, Any], batch: ProviderBatch
@@ -404,20 +412,25 @@ class BatchWorker:
             return BatchStatus.CANCELED.value, "canceled at the provider", None, None
         if batch.state == "expired":
             return BatchStatus.ERROR.value, "expired before every request was answered", None, None
-        ids = await self.lane.run(self.store.batch_request_ids, lease.id)
         why = "; ".join(f"{r.code}: {r.message}" for r in batch.rejections[:5]) or "failed at the provider"
-        rejected = {ids[r.line]: r.message for r in batch.rejections if r.line is not None and r.line < len(ids)}
+        rejected = await self._rejected_requests(lease, batch.rejections)
         return BatchStatus.ERROR.value, f"failed validation: {why}", rejected, None if rejected else why
 
+    async def _rejected_requests(self, lease: BatchLease, rejections: Sequence[BatchRejection]) -> dict[int, str]:
+        """Request id -> reason for the input lines a provider's validation errors name (the input
+        is in request-id order, so line N is the batch's N-th request)."""
+        ids = await self.lane.run(self.store.batch_request_ids, lease.id)
+        return {ids[r.line]: r.message for r in rejections if r.line is not None and r.line < len(ids)}
+
     def _outcome(self, line: BatchLine, row: dict[str, Any], batch_id: int, key: str) -> LineOutcome | None:
-        parsed = parse_custom_id(line.custom_id)
-        if parsed is None or parsed[0] != batch_id or parsed[1] != key:
+        request_id = _request_of(line.custom_id, batch_id, key)
+        if request_id is None:
             return None  # not a line of this ledger batch (an adopted batch is checked line by line)
         cost = None
         if line.kind == "succeeded":
             cost = self.prices.cost(row["provider"], row["model"], line.input_tokens, line.output_tokens, batch=True)
         return LineOutcome(
-            parsed[2],
+            request_id,
             line.kind,
             line.text,
             line.input_tokens,
@@ -456,9 +469,10 @@ class BatchWorker:
         )
 
 
-def _is_of(value: str, batch_id: int, key: str) -> bool:
+def _request_of(value: str, batch_id: int, key: str) -> int | None:
+    """The request a `custom_id` names, if it is a line of this ledger batch."""
     parsed = parse_custom_id(value)
-    return parsed is not None and parsed[0] == batch_id and parsed[1] == key
+    return parsed[2] if parsed is not None and parsed[0] == batch_id and parsed[1] == key else None
 
 
 def _encode_all(adapter: BatchAdapter, batch_id: int, key: str, rows: Sequence[Any]) -> list[tuple[int, bytes]]:
@@ -466,14 +480,7 @@ def _encode_all(adapter: BatchAdapter, batch_id: int, key: str, rows: Sequence[A
         (
             row.id,
             adapter.encode(
-                custom_id(batch_id, key, row.id),
-                CallRequest(
-                    model=row.model,
-                    messages=row.input["messages"],
-                    system=row.input.get("system"),
-                    params=row.params or {},
-                    response_format=row.response_format,
-                ),
+                custom_id(batch_id, key, row.id), stored_call(row.model, row.input, row.params, row.response_format)
             ),
         )
         for row in rows

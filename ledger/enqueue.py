@@ -126,8 +126,7 @@ def to_row(spec: RequestSpec, compatible_base_url: str | None = None) -> dict[st
 
 def batch_key(row: dict[str, Any]) -> str:
     """Requests sharing params and response format may share a provider batch (seed 003)."""
-    keyed = {"params": row["params"], "response_format": row["response_format"]}
-    return hashlib.sha256(json.dumps(keyed, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    return _digest({"params": row["params"], "response_format": row["response_format"]})[:16]
 
 
 def content_key(row: dict[str, Any]) -> str:
@@ -135,8 +134,11 @@ def content_key(row: dict[str, Any]) -> str:
     keyed = {
         k: row[k] for k in ("job_id", "purpose", "provider", "model", "input", "params", "response_format", "trace")
     }
-    digest = hashlib.sha256(json.dumps(keyed, sort_keys=True, separators=(",", ":")).encode())
-    return "sha256:" + digest.hexdigest()[:40]
+    return "sha256:" + _digest(keyed)[:40]
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:

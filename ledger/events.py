@@ -250,7 +250,7 @@ def batch_mapped(
     batch_id: int, provider_batch_id: str, provider_status: str, mapped: Any, foreign: int, map_s: float
 ) -> None:
     """An ended batch written back: how each request ended, and the mapping rate."""
-    lines = mapped.completed + mapped.failed + mapped.retried + mapped.requeued + mapped.kept
+    lines = mapped.lines
     _emit(
         logging.INFO,
         {
@@ -262,6 +262,7 @@ def batch_mapped(
             "failed": mapped.failed,
             "retried": mapped.retried,
             "requeued": mapped.requeued,
+            "canceled": mapped.canceled,
             "unchanged": mapped.kept,
             "foreign_lines": foreign,
             "map_s": map_s,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
@@ -33,13 +34,16 @@ class CallContext:
     prices: PriceTable
 
 
-def _call_request(request: ClaimedRequest) -> CallRequest:
+def stored_call(
+    model: str, input_: dict[str, Any], params: dict[str, Any] | None, response_format: dict[str, Any] | None
+) -> CallRequest:
+    """A request as the ledger stores it (`input` = system + messages), as an adapter takes it."""
     return CallRequest(
-        model=request.model,
-        messages=request.input["messages"],
-        system=request.input.get("system"),
-        params=request.params,
-        response_format=request.response_format,
+        model=model,
+        messages=input_["messages"],
+        system=input_.get("system"),
+        params=params or {},
+        response_format=response_format,
     )
 
 
@@ -47,7 +51,7 @@ async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -
     """Drive one request from its claimed attempt to a recorded outcome."""
     attempt = request.attempt
     started = time.monotonic()
-    call = _call_request(request)
+    call = stored_call(request.model, request.input, request.params, request.response_format)
     while True:
         t0 = time.monotonic()
         try:

@@ -98,8 +98,7 @@ class MockProviderServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._recent: deque[float] = deque()
-        if hasattr(self, "batches"):
-            self.batches.reset()
+        self.batches.reset()
 
     def stats(self) -> dict[str, Any]:
         return {

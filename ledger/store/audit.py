@@ -88,19 +88,18 @@ class AuditQueries:
 
     def cancel_pending(self, job_id: str | None = None) -> int:
         """Running requests whose cancel waits for their call to return (they still hold a slot)."""
-        query = select(func.count()).where(
-            requests.c.status == RequestStatus.RUNNING.value, requests.c.cancel_requested_at.is_not(None)
+        return self._count_requests(
+            job_id, requests.c.status == RequestStatus.RUNNING.value, requests.c.cancel_requested_at.is_not(None)
         )
-        if job_id is not None:
-            query = query.where(requests.c.job_id == job_id)
-        with self.engine.connect() as conn:
-            return int(conn.execute(query).scalar_one())
 
     def unpriced_count(self, job_id: str | None = None) -> int:
         """Completed requests whose model the price table does not know: their cost_usd is empty."""
-        query = select(func.count()).where(
-            requests.c.status == RequestStatus.COMPLETED.value, requests.c.cost_usd.is_(None)
+        return self._count_requests(
+            job_id, requests.c.status == RequestStatus.COMPLETED.value, requests.c.cost_usd.is_(None)
         )
+
+    def _count_requests(self, job_id: str | None, *where: Any) -> int:
+        query = select(func.count()).select_from(requests).where(*where)
         if job_id is not None:
             query = query.where(requests.c.job_id == job_id)
         with self.engine.connect() as conn:

@@ -17,14 +17,14 @@ Invariants every statement here keeps:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sqlalchemy import and_, bindparam, case, delete, func, insert, literal, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import AttemptOutcome, BatchStatus, Delivery, LlmBatch, RequestStatus
-from ledger.store.claim import QUEUED, attempts, requests
+from ledger.store.claim import ATTEMPT_END, QUEUED, attempts, requests
 from ledger.store.dialect import Dialect, db_now, db_now_plus
 
 batches = LlmBatch.__table__  # type: ignore[attr-defined]
@@ -83,11 +83,16 @@ class Mapped:
     failed: int = 0  # ended `error`
     retried: int = 0  # back to the queue after a retryable failure (counted)
     requeued: int = 0  # back to the queue, not reached by the provider (not counted)
+    canceled: int = 0  # unanswered by a batch canceled through the ledger
     kept: int = 0  # already mapped, canceled, or not in this batch: nothing changed
 
     def add(self, other: Mapped) -> None:
-        for name in ("completed", "failed", "retried", "requeued", "kept"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def lines(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
 
 
 _FENCE = update(batches).where(
@@ -135,14 +140,7 @@ _CLOSE_ATTEMPT = (
         _a.batch_id == bindparam("b_batch"),
         _a.outcome == AttemptOutcome.RUNNING.value,
     )
-    .values(
-        outcome=bindparam("b_outcome"),
-        status_code=bindparam("b_status_code"),
-        error_code=bindparam("b_code"),
-        error_message=bindparam("b_message"),
-        retry_delay_s=bindparam("b_delay"),
-        finished_at=db_now(),
-    )
+    .values(**ATTEMPT_END)
 )
 _ATTACH = (
     update(requests)
@@ -339,13 +337,8 @@ class BatchQueries:
 
     def release_batch(self, lease: BatchLease, poll_in: float | None = None) -> None:
         """End a step: the lease is let go (any daemon may take the next step), next poll set."""
-        values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None, "updated_at": db_now()}
-        if poll_in is not None:
-            values["next_poll_at"] = db_now_plus(poll_in)
         with self.engine.begin() as conn:
-            conn.execute(
-                _FENCE.values(**values), {"b_batch": lease.id, "b_token": lease.token, "b_worker": lease.worker}
-            )
+            _fence(conn, lease, **_released(poll_in))
 
     def release_batch_leases(self, worker: str) -> int:
         """At start (a previous process under this worker id) or at stop: every batch lease
@@ -369,6 +362,7 @@ class BatchQueries:
     def mark_submitted(
         self, lease: BatchLease, provider_batch_id: str, provider_status: str, poll_in: float, *, adopted: bool = False
     ) -> None:
+        """The provider has the batch: recorded, and the step's lease let go until the first poll."""
         with self.engine.begin() as conn:
             _fence(
                 conn,
@@ -378,8 +372,8 @@ class BatchQueries:
                 provider_status=provider_status,
                 submitted_at=func.coalesce(_b.submitted_at, db_now()),
                 adopted_at=db_now() if adopted else None,
-                next_poll_at=db_now_plus(poll_in),
                 poll_error=None,
+                **_released(poll_in),
             )
 
     def note_poll(
@@ -391,18 +385,18 @@ class BatchQueries:
         output_file_id: str | None = None,
         error_file_id: str | None = None,
         poll_error: str | None = None,
+        release_for: float | None = None,
     ) -> None:
-        """What a poll saw. A local error goes to `poll_error` only: never over what the provider said."""
+        """What a poll saw. A local error goes to `poll_error` only: never over what the provider said.
+        With `release_for`, the step ends here: lease let go, next poll that many seconds away."""
         values: dict[str, Any] = {"poll_error": poll_error}
         if provider_status is not None:
             values |= {"provider_status": provider_status, "request_counts": counts}
             values |= {"output_file_id": output_file_id, "error_file_id": error_file_id}
+        if release_for is not None:
+            values |= _released(release_for)
         with self.engine.begin() as conn:
             _fence(conn, lease, **values)
-
-    def mark_cancel_sent(self, lease: BatchLease) -> None:
-        with self.engine.begin() as conn:
-            _fence(conn, lease, cancel_sent_at=db_now())
 
     # -- mapping results back --------------------------------------------------
 
@@ -444,22 +438,9 @@ class BatchQueries:
             row = _fence(conn, lease)
             left = list(conn.execute(select(_r.id).where(_r.batch_id == lease.id, _r.status == SUBMITTED)).scalars())
             if row.cancel_requested_at is not None:
-                mapped.requeued = _end_canceled(conn, lease.id, left)
+                mapped.canceled = _end_canceled(conn, lease.id, left)
             else:
-                named = [i for i in left if i in (rejected or {})]
-                lines = [
-                    LineOutcome(i, "failed", status_code=400, error_code="invalid_request", message=rejected[i])
-                    for i in named
-                    if rejected is not None
-                ]
-                rest = [i for i in left if i not in set(named)]
-                if count_failure is not None:
-                    lines += [
-                        LineOutcome(i, "failed", error_code="batch_failed", message=count_failure, retryable=True)
-                        for i in rest
-                    ]
-                else:
-                    lines += [LineOutcome(i, "expired", error_code="batch_ended", message=error) for i in rest]
+                lines = [_unanswered(i, rejected or {}, count_failure, error) for i in left]
                 for start in range(0, len(lines), _CHUNK):
                     chunk = lines[start : start + _CHUNK]
                     mapped.add(_map_in(conn, self.dialect, lease.id, chunk, max_attempts, delay_for))
@@ -496,7 +477,7 @@ class BatchQueries:
             return [dict(r._mapping) for r in rows]
 
     def note_cancel_sent(self, batch_id: int) -> None:
-        """The provider took the cancel (sent from outside a batch step, e.g. `ledger cancel --batch`)."""
+        """The provider took the cancel (from a poll step or from `ledger cancel --batch`): poll now."""
         with self.engine.begin() as conn:
             conn.execute(
                 update(batches)
@@ -525,6 +506,14 @@ class BatchQueries:
             )
 
 
+def _released(poll_in: float | None) -> dict[str, Any]:
+    """Column values that end a step: the lease let go, and the next poll when given."""
+    values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
+    if poll_in is not None:
+        values["next_poll_at"] = db_now_plus(poll_in)
+    return values
+
+
 def _lease_params(lease: BatchLease) -> dict[str, Any]:
     return {"b_batch": lease.id, "b_token": lease.token, "b_worker": lease.worker}
 
@@ -537,6 +526,17 @@ def _fence(conn: Connection, lease: BatchLease, **values: Any) -> Any:
     if row is None:
         raise BatchLeaseLost(f"batch {lease.id}: lease {lease.token} is no longer {lease.worker}'s")
     return row
+
+
+def _unanswered(request_id: int, rejected: dict[int, str], count_failure: str | None, why: str | None) -> LineOutcome:
+    """How a request its ended batch did not answer is written (see `finish_batch`)."""
+    if request_id in rejected:
+        return LineOutcome(
+            request_id, "failed", status_code=400, error_code="invalid_request", message=rejected[request_id]
+        )
+    if count_failure is not None:
+        return LineOutcome(request_id, "failed", error_code="batch_failed", message=count_failure, retryable=True)
+    return LineOutcome(request_id, "expired", error_code="batch_ended", message=why)
 
 
 def _map_in(
@@ -578,7 +578,7 @@ def _map_in(
             base
             | {
                 "b_outcome": _ATTEMPT_OUTCOME[x.kind],
-                "b_status_code": x.status_code,
+                "b_status": x.status_code,
                 "b_code": x.error_code,
                 "b_message": x.message,
                 "b_delay": delay,

@@ -110,6 +110,15 @@ _TAKE = (
     .returning(*CLAIMED_COLUMNS)
 )
 START_ATTEMPT = insert(attempts).values(started_at=db_now())
+# How an attempt row is closed, online (record) and in a provider batch (mapping) alike.
+ATTEMPT_END: dict[str, Any] = {
+    "outcome": bindparam("b_outcome"),
+    "status_code": bindparam("b_status"),
+    "error_code": bindparam("b_code"),
+    "error_message": bindparam("b_message"),
+    "retry_delay_s": bindparam("b_delay"),
+    "finished_at": db_now(),
+}
 _ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
 
 

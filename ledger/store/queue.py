@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from ledger.models import AttemptOutcome, Delivery, Job, RequestStatus
 from ledger.store import pools as pool_state
-from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
+from ledger.store.claim import ATTEMPT_END, QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
 from ledger.store.dialect import db_now, db_now_plus
 from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater, Written
 
@@ -77,15 +77,7 @@ _EXPECTED_STATUS = {
 _FINISH_ATTEMPT = (
     update(attempts)
     .where(attempts.c.request_id == bindparam("b_id"), attempts.c.attempt == bindparam("b_attempt"))
-    .values(
-        outcome=bindparam("b_outcome"),
-        status_code=bindparam("b_status"),
-        error_code=bindparam("b_code"),
-        error_message=bindparam("b_message"),
-        latency_ms=bindparam("b_latency"),
-        retry_delay_s=bindparam("b_delay"),
-        finished_at=db_now(),
-    )
+    .values(latency_ms=bindparam("b_latency"), **ATTEMPT_END)
 )
 
 
