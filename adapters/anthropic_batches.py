@@ -27,6 +27,7 @@ from adapters.base import (
     ProviderBatch,
     ReconcileLater,
     compact_json,
+    nonblank_lines,
     sdk_errors,
 )
 
@@ -107,11 +108,13 @@ class AnthropicBatches:
         return processing[0] if processing else None
 
     async def _first_custom_id_is_ours(self, batch_id: str, is_ours: Callable[[str], bool]) -> bool:
-        async with self._client.messages.batches.with_streaming_response.results(batch_id) as response:
-            async for line in response.iter_lines():
-                if line.strip():
-                    return is_ours(str(json.loads(line).get("custom_id")))
-        return False
+        lines = nonblank_lines(self._client.messages.batches.with_streaming_response.results(batch_id))
+        try:
+            async for line in lines:
+                return is_ours(str(json.loads(line).get("custom_id")))
+            return False
+        finally:
+            await lines.aclose()  # only the first line is read: close the download now
 
     async def retrieve(self, batch_id: str) -> ProviderBatch:
         with sdk_errors(anthropic):
@@ -123,10 +126,8 @@ class AnthropicBatches:
 
     async def results(self, batch: ProviderBatch) -> AsyncIterator[BatchLine]:
         with sdk_errors(anthropic):
-            async with self._client.messages.batches.with_streaming_response.results(batch.id) as response:
-                async for line in response.iter_lines():
-                    if line.strip():
-                        yield result_line(line)
+            async for line in nonblank_lines(self._client.messages.batches.with_streaming_response.results(batch.id)):
+                yield result_line(line)
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -9,8 +9,8 @@ where the system prompt goes, which errors are transient) stays behind it.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -98,6 +98,15 @@ def sdk_errors(
         raise ProviderError("request timed out", retryable=True, code="timeout") from None
     except sdk.APIConnectionError as exc:
         raise ProviderError(f"connection error: {exc}", retryable=True, code="connection_error") from None
+
+
+async def nonblank_lines(opened: AbstractAsyncContextManager[Any]) -> AsyncGenerator[str, None]:
+    """The non-blank lines of a streamed download (an SDK's `with_streaming_response` call),
+    read as they arrive: a result file is never whole in memory."""
+    async with opened as response:
+        async for line in response.iter_lines():
+            if line.strip():
+                yield line
 
 
 def compact_json(obj: Any) -> bytes:

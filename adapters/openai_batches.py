@@ -23,6 +23,7 @@ from adapters.base import (
     ProviderBatch,
     ProviderError,
     compact_json,
+    nonblank_lines,
     sdk_errors,
 )
 from adapters.openai import completion_result, openai_messages
@@ -97,10 +98,8 @@ class OpenAIBatches:
             if file_id is None:
                 continue
             with sdk_errors(openai):
-                async with self._client.files.with_streaming_response.content(file_id) as response:
-                    async for line in response.iter_lines():
-                        if line.strip():
-                            yield result_line(line)
+                async for line in nonblank_lines(self._client.files.with_streaming_response.content(file_id)):
+                    yield result_line(line)
 
     async def aclose(self) -> None:
         await self._client.close()
