@@ -7,6 +7,16 @@ read); a JSON-schema response format gets a conforming instance.
 
 Prompts may carry directives, `[[mock:fail=503x2]]` and the like, that the mock
 server obeys; they are parsed here so both sides agree on the syntax.
+
+Structured batching (seed 000 FR-005): an array whose items are objects with an
+`enum` property (`criterion_id` of `ledger.parsing.evaluation_schema`) holds one
+item per enum value, in enum order, when the array's minItems..maxItems allow it,
+so the mock answers the whole contract. Two directives spoil such arrays so the
+partial-success path can be tested (no effect on plain or `json_object` prompts):
+
+    [[mock:omit=N]]     the last N items are left out (their dimensions go missing)
+    [[mock:corrupt=N]]  the first N items are invalid: their first integer/number
+                        property becomes the string "excellent"
 """
 
 from __future__ import annotations
@@ -67,14 +77,39 @@ def _tokens(text: str) -> int:
     return max(1, round(len(text.split()) / 0.75))
 
 
+def _seed(model: str, prompt: str) -> int:
+    return int(hashlib.sha256(f"{model}\x00{prompt}".encode()).hexdigest(), 16)
+
+
+def mock_verdict(model: str, system: Any, messages: list[dict[str, Any]]) -> int:
+    """The score of the final `VERDICT:` line a plain prompt gets, for tests to expect."""
+    return _seed(model, prompt_text(system, messages)) % 5 + 1
+
+
+@dataclass(frozen=True)
+class _Spoil:
+    """What the `omit` / `corrupt` directives do to an enum-covering array."""
+
+    omit: int = 0
+    corrupt: int = 0
+
+
+def _count(found: dict[str, str], name: str) -> int:
+    try:
+        return max(int(found.get(name, "0") or 0), 0)
+    except ValueError:
+        return 0
+
+
 def chat_answer(
     model: str, system: Any, messages: list[dict[str, Any]], response_format: dict[str, Any] | None
 ) -> MockAnswer:
     prompt = prompt_text(system, messages)
-    seed = int(hashlib.sha256(f"{model}\x00{prompt}".encode()).hexdigest(), 16)
+    seed = _seed(model, prompt)
     schema = _schema_of(response_format)
     if schema is not None:
-        text = json.dumps(_instance(schema, seed))
+        found = directives(prompt)
+        text = json.dumps(_instance(schema, seed, spoil=_Spoil(_count(found, "omit"), _count(found, "corrupt"))))
     elif response_format and response_format.get("type") == "json_object":
         text = json.dumps({"answer": _REASONS[seed % len(_REASONS)], "score": seed % 5 + 1})
     else:
@@ -94,7 +129,7 @@ def _schema_of(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
     return None
 
 
-def _instance(schema: dict[str, Any], seed: int, depth: int = 0) -> Any:
+def _instance(schema: dict[str, Any], seed: int, depth: int = 0, spoil: _Spoil = _Spoil()) -> Any:
     """A deterministic value that conforms to the (common subset of) JSON Schema."""
     if "enum" in schema:
         return schema["enum"][seed % len(schema["enum"])]
@@ -102,17 +137,20 @@ def _instance(schema: dict[str, Any], seed: int, depth: int = 0) -> Any:
         return schema["const"]
     for combinator in ("anyOf", "oneOf"):
         if combinator in schema:
-            return _instance(schema[combinator][0], seed, depth + 1)
+            return _instance(schema[combinator][0], seed, depth + 1, spoil)
     kind = schema.get("type", "object")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object":
         props: dict[str, Any] = schema.get("properties", {})
-        return {name: _instance(sub, seed >> (i + 1), depth + 1) for i, (name, sub) in enumerate(props.items())}
+        return {name: _instance(sub, seed >> (i + 1), depth + 1, spoil) for i, (name, sub) in enumerate(props.items())}
     if kind == "array":
-        count = max(int(schema.get("minItems", 1)), 1)
         item = schema.get("items", {"type": "string"})
-        return [_instance(item, seed >> (i + 3), depth + 1) for i in range(count)]
+        covering = _enum_covering(schema, item)
+        if covering is not None:
+            return _covering_items(item, covering, seed, depth, spoil)
+        count = max(int(schema.get("minItems", 1)), 1)
+        return [_instance(item, seed >> (i + 3), depth + 1, spoil) for i in range(count)]
     if kind in ("integer", "number"):
         low = schema.get("minimum", 1)
         high = schema.get("maximum", low + 4)
@@ -123,3 +161,36 @@ def _instance(schema: dict[str, Any], seed: int, depth: int = 0) -> Any:
     if kind == "null":
         return None
     return _REASONS[seed % len(_REASONS)]
+
+
+def _enum_covering(array: dict[str, Any], item: dict[str, Any]) -> str | None:
+    """The enum property that gets one array item per value, if the item count allows it."""
+    props: dict[str, Any] = item.get("properties", {}) if item.get("type", "object") == "object" else {}
+    name = next((n for n, sub in props.items() if isinstance(sub, dict) and sub.get("enum")), None)
+    if name is None:
+        return None
+    size = len(props[name]["enum"])
+    fits = int(array.get("minItems", 0)) <= size <= int(array.get("maxItems", size))
+    return name if fits else None
+
+
+def _covering_items(item: dict[str, Any], name: str, seed: int, depth: int, spoil: _Spoil) -> list[Any]:
+    """One item per enum value, in enum order; then the `corrupt` and `omit` directives."""
+    items = [
+        _instance(item, seed >> (i + 3), depth + 1, spoil) | {name: value}
+        for i, value in enumerate(item["properties"][name]["enum"])
+    ]
+    numeric = next(
+        (
+            n
+            for n, sub in item["properties"].items()
+            if isinstance(sub, dict) and sub.get("type") in ("integer", "number")
+        ),
+        None,
+    )
+    for entry in items[: spoil.corrupt]:
+        if numeric is not None:
+            entry[numeric] = "excellent"
+        else:
+            entry[name] = None
+    return items[: len(items) - spoil.omit] if spoil.omit else items

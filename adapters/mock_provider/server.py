@@ -14,6 +14,10 @@ directives in the prompt text:
     [[mock:latency=S]]    this prompt's own latency
     [[mock:hold]]         answered only once `POST /_release` was called: a test's latch,
                           to act while calls are certainly in flight
+    [[mock:omit=N]]       structured answers (a JSON schema whose array items have an enum
+                          property, e.g. `criterion_id`): the last N items are left out
+    [[mock:corrupt=N]]    structured answers: the first N items are invalid (score "excellent");
+                          neither touches plain prompts (see `answers.py`)
 
 `GET /_stats` tells what the provider saw; `POST /_reset` zeroes it.
 
