@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 PROVIDER_NAMES = frozenset({"openai", "anthropic", "openai-compatible", "mock"})
 # Providers with a batch API; requests for the others with delivery=batch go online.
 BATCH_PROVIDERS = frozenset({"openai", "anthropic"})
+# Providers whose adapter sends a JSON schema the model must follow: structured batching
+# (BATCHING_ENABLED) asks them for every dimension at once; the others get one request
+# per dimension (seed 000 FR-004). Matches each adapter's `supports_structured_output`.
+STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "mock"})
 
 
 def make_adapter(provider: str, settings: Settings) -> Adapter:

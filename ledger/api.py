@@ -37,14 +37,14 @@ class Ledger:
     def enqueue(self, spec: RequestSpec | None = None, /, **fields: Any) -> int:
         """Queue one request; returns its id (the existing one if the key was seen before)."""
         spec = spec or build_spec(**fields)
-        row = to_row(spec, self.settings.compatible_base_url)
+        row = to_row(spec, self.settings.compatible_base_url, self.settings.prices)
         self.enqueue_many([spec])
         return self.store.id_for_key(row["idempotency_key"])
 
     def enqueue_many(self, specs: Iterable[RequestSpec]) -> EnqueueResult:
         """Queue many requests in one all-or-nothing transaction, idempotently."""
         base_url = self.settings.compatible_base_url
-        result = self.store.enqueue(to_row(spec, base_url) for spec in specs)
+        result = self.store.enqueue(to_row(spec, base_url, self.settings.prices) for spec in specs)
         announce(result)
         return result
 

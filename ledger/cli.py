@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from ledger.enqueue import Defaults, EnqueueError, read_jsonl, to_row
+from ledger.cli_jobs import register_job_commands
+from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
+from ledger.enqueue import Defaults, read_jsonl, to_row
 from ledger.models import Delivery, RequestStatus
-from ledger.settings import Settings, SettingsError, load_settings
+from ledger.settings import Settings
 
 app = typer.Typer(
     name="ledger",
@@ -31,42 +29,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
-
-
-def fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-@contextmanager
-def operator_errors() -> Iterator[None]:
-    """Turn the errors an operator can cause into one line and exit 2."""
-    from ledger.store import DatabaseError
-
-    try:
-        yield
-    except (SettingsError, EnqueueError, DatabaseError) as exc:
-        fail(str(exc))
-    except ValueError as exc:
-        if str(exc).startswith(("MAX_CONCURRENT_LLM_CALLS", "LEDGER_", "OPENAI_", "ANTHROPIC_")):
-            fail(str(exc))
-        raise
-
-
-def settings_or_exit(**overrides: Any) -> Settings:
-    with operator_errors():
-        return load_settings(**overrides)
-
-
-def open_store(settings: Settings) -> Any:
-    from ledger.store import Store
-
-    with operator_errors():
-        return Store(settings.database_url)
-
-
 @app.command()
 def migrate() -> None:
     """Upgrade the database at LEDGER_DATABASE_URL to the latest schema (safe to repeat)."""
@@ -110,7 +72,7 @@ def enqueue(
     store = open_store(settings)
     defaults = Defaults(provider=provider, model=model, delivery=delivery, job_id=job, priority=priority)
     with operator_errors(), file.open(encoding="utf-8") as lines:
-        rows = (to_row(spec, settings.compatible_base_url) for _, spec in read_jsonl(lines, defaults))
+        rows = (to_row(spec, settings.compatible_base_url, settings.prices) for _, spec in read_jsonl(lines, defaults))
         result = store.enqueue(rows)
     announce(result)
     dup = f", {result.duplicates} already queued (skipped)" if result.duplicates else ""
@@ -129,7 +91,7 @@ def list_requests(
     rows = store.list_requests(status=status.value if status else None, job_id=job, limit=limit)
     if as_json:
         for row in rows:
-            sys.stdout.write(json.dumps(row, default=_json_default) + "\n")
+            sys.stdout.write(json.dumps(row, default=json_default) + "\n")
         return
     table = Table("id", "key", "job", "model", "status", "attempts", "last code", "tokens in/out", "ms")
     for r in rows:
@@ -140,9 +102,9 @@ def list_requests(
             r["model"],
             r["status"],
             str(r["attempts"]),
-            _s(r["last_status_code"]),
-            f"{_s(r['input_tokens'])}/{_s(r['output_tokens'])}",
-            _s(r["latency_ms"]),
+            text_of(r["last_status_code"]),
+            f"{text_of(r['input_tokens'])}/{text_of(r['output_tokens'])}",
+            text_of(r["latency_ms"]),
         )
     out.print(table)
 
@@ -158,32 +120,33 @@ def show(
     if found is None:
         fail(f"no request with id {request_id}", code=1)
     if as_json:
-        sys.stdout.write(json.dumps(found, default=_json_default, indent=2) + "\n")
+        sys.stdout.write(json.dumps(found, default=json_default, indent=2) + "\n")
         return
     attempts = found.pop("attempt_rows")
     if found.get("batch_id") is not None:
         batch_row = store.get_batch(found["batch_id"])
         if batch_row is not None:
+            provider_id = text_of(batch_row["provider_batch_id"])
             out.print(
-                f"[bold]batch[/]: {batch_row['id']} ({batch_row['provider']} {_s(batch_row['provider_batch_id'])}, "
+                f"[bold]batch[/]: {batch_row['id']} ({batch_row['provider']} {provider_id}, "
                 f"{batch_row['status']}; see ledger batches)",
                 highlight=False,
             )
     for key, value in found.items():
         if value is not None:
-            out.print(f"[bold]{key}[/]: {_s(value)}", highlight=False)
+            out.print(f"[bold]{key}[/]: {text_of(value)}", highlight=False)
     table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in s", "started", "worker", "batch")
     for a in attempts:
         table.add_row(
             str(a["attempt"]),
             a["outcome"],
-            _s(a["status_code"]),
-            _s(a["error_code"]),
-            _s(a["latency_ms"]),
-            _s(a["retry_delay_s"]),
-            _s(a["started_at"]),
-            _s(a["worker"]),
-            _s(a["batch_id"]),
+            text_of(a["status_code"]),
+            text_of(a["error_code"]),
+            text_of(a["latency_ms"]),
+            text_of(a["retry_delay_s"]),
+            text_of(a["started_at"]),
+            text_of(a["worker"]),
+            text_of(a["batch_id"]),
         )
     out.print(table)
 
@@ -199,7 +162,7 @@ def export(
     count = 0
     try:
         for row in store.export_rows(job_id=job):
-            target.write(json.dumps(export_line(row), default=_json_default) + "\n")
+            target.write(json.dumps(export_line(row), default=json_default) + "\n")
             count += 1
     finally:
         if out_file:
@@ -237,11 +200,33 @@ def export_line(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @app.command()
-def status(job: Annotated[str | None, typer.Option(help="Only this job's counts.")] = None) -> None:
-    """Requests per status, slots busy/total per pool, cooldowns."""
+def status(
+    job: Annotated[str | None, typer.Option(help="Only this job's counts.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Active jobs, requests per status, slots busy/total per pool, budget left today, job capacity."""
+    from ledger.cli_jobs import job_status, print_job_status
+
     settings = settings_or_exit()
     store = open_store(settings)
     counts = store.status_counts(job)
+    usage = store.pool_usage()
+    busy = sum(u["running"] for u in usage.values())
+    if as_json:
+        said = {
+            "requests": counts,
+            "slots": {
+                "global": {"busy": busy, "total": settings.max_concurrent_llm_calls},
+                "pools": {
+                    endpoint: {"busy": u["running"], "total": settings.pool_limit(endpoint), "queued": u["queued"]}
+                    for endpoint, u in sorted(usage.items())
+                },
+            },
+            **job_status(store, settings),
+        }
+        out.print_json(json.dumps(said, default=json_default))
+        return
+    print_job_status(job_status(store, settings))
     out.print("requests: " + ", ".join(f"{k} {v}" for k, v in counts.items()), highlight=False)
     unpriced = store.unpriced_count(job)
     if unpriced:
@@ -254,17 +239,15 @@ def status(job: Annotated[str | None, typer.Option(help="Only this job's counts.
     if pending:
         line = f"{pending} running with a cancel pending: they end canceled when their call returns"
         out.print(line, highlight=False)
-    usage = store.pool_usage()
-    busy = sum(u["running"] for u in usage.values())
     out.print(f"slots: {busy}/{settings.max_concurrent_llm_calls} busy (global)", highlight=False)
     table = Table("pool", "busy/limit", "learned limit (after 429s)", "queued", "cooldown until")
     for endpoint, u in sorted(usage.items()):
         table.add_row(
             endpoint,
             f"{u['running']}/{settings.pool_limit(endpoint)}",
-            _s(u["learned_limit"]),
+            text_of(u["learned_limit"]),
             str(u["queued"]),
-            _s(u["cooldown_until"]),
+            text_of(u["cooldown_until"]),
         )
     out.print(table)
 
@@ -289,6 +272,8 @@ def cancel(
     store = open_store(settings)
     if batch is not None and store.get_batch(batch) is None:
         fail(f"no batch with id {batch}", code=1)
+    if job and store.cancel_job(job):
+        out.print(f"job {job} canceled; other jobs go on", highlight=False, soft_wrap=True)
     if request_ids or job:
         result = store.cancel(ids=request_ids or None, job_id=job)
         line = f"canceled {result.canceled} request(s)"
@@ -327,7 +312,7 @@ def batches(
                 "age_s": b["age_s"],
                 "cost_usd": b["cost_usd"],
             }
-            sys.stdout.write(json.dumps(line, default=_json_default) + "\n")
+            sys.stdout.write(json.dumps(line, default=json_default) + "\n")
         return
     table = Table(
         "id",
@@ -348,15 +333,15 @@ def batches(
             str(b["id"]),
             b["provider"],
             b["model"],
-            _s(b["provider_batch_id"]),
+            text_of(b["provider_batch_id"]),
             b["status"],
-            _s(b["provider_status"]),
+            text_of(b["provider_status"]),
             str(b["request_total"]),
             str(b["completed"]),
             str(b["failed"]),
             f"{b['age_s']:.0f}",
             "" if b["cost_usd"] is None else f"{b['cost_usd']:.4f}",
-            _s(b["job_id"]),
+            text_of(b["job_id"]),
         )
     out.print(table)
 
@@ -444,20 +429,7 @@ def configure_logs(settings: Settings) -> None:
     configure_logging(settings.log_level)
 
 
-def _s(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, datetime):
-        return value.isoformat(sep=" ", timespec="milliseconds")
-    if isinstance(value, dict | list):
-        return json.dumps(value)
-    return str(value)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return str(value)
+register_job_commands(app)
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from adapters.base import Adapter, BatchAdapter
 from ledger import events
 from ledger.batches import BatchWorker
 from ledger.executor import CallContext
+from ledger.jobs import Coordinator
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.scheduler import Scheduler
@@ -76,6 +77,7 @@ async def run_daemon(
         adapters,
     )
     batch_worker = BatchWorker(store, lane, settings, worker, batch_adapters)
+    coordinator = Coordinator(store, lane, settings)
     events.started(
         worker_id=worker,
         max_concurrent_llm_calls=settings.max_concurrent_llm_calls,
@@ -89,6 +91,8 @@ async def run_daemon(
         provider_batch_size=settings.provider_batch_size,
         provider_batch_wait=settings.provider_batch_wait,
         batch_poll_interval=settings.batch_poll_interval,
+        job_capacity=settings.job_capacity,
+        daily_budget_usd=settings.daily_budget_usd,
         database=store.engine.url.render_as_string(hide_password=True),
     )
 
@@ -124,6 +128,7 @@ async def run_daemon(
                 services.start_soon(watch_signals)
             async with anyio.create_task_group() as work:
                 work.start_soon(run_batches)
+                work.start_soon(lambda: coordinator.run(stop=stop, until_idle=until_idle))
                 await scheduler.run(work, until_idle=until_idle, stop=stop)
                 if stop.is_set():
                     # Calls in flight and the batch step under way get the grace period; submitted

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters.registry import PROVIDER_NAMES
 from ledger.models import Delivery
 from ledger.pools import endpoint_for, normalize_endpoint
+from ledger.prices import PriceTable
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Body keys that are not sampling parameters.
@@ -95,8 +96,14 @@ def _text_of(content: Any) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
-def to_row(spec: RequestSpec, compatible_base_url: str | None = None) -> dict[str, Any]:
-    """The `llm_requests` column values for a spec (status and timestamps come from the store)."""
+def to_row(
+    spec: RequestSpec, compatible_base_url: str | None = None, prices: PriceTable | None = None
+) -> dict[str, Any]:
+    """The `llm_requests` column values for a spec (status and timestamps come from the store).
+
+    With a price table, the request's worst-case cost is fixed here (`estimate_usd`):
+    budgets reserve it when the request is claimed.
+    """
     system_parts = [spec.system] if spec.system else []
     messages: list[dict[str, Any]] = []
     for message in spec.messages:
@@ -121,6 +128,10 @@ def to_row(spec: RequestSpec, compatible_base_url: str | None = None) -> dict[st
     }
     row["idempotency_key"] = spec.idempotency_key or content_key(row)
     row["batch_key"] = batch_key(row)
+    if prices is not None:
+        prompt_bytes = len(json.dumps(input_, ensure_ascii=False).encode())
+        batch = spec.delivery is Delivery.BATCH
+        row["estimate_usd"] = prices.worst_case(spec.provider, spec.model, prompt_bytes, spec.params, batch=batch)
     return row
 
 

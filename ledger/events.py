@@ -269,3 +269,86 @@ def batch_mapped(
             "lines_per_s": round(lines / map_s) if map_s > 0 else None,
         },
     )
+
+
+# -- evaluation jobs --------------------------------------------------------------------
+
+
+def job_started(job_id: str, requests: int, **limits: Any) -> None:
+    """The INFO line at a job's start naming the limits it runs under (FR-009)."""
+    _emit(
+        logging.INFO,
+        {
+            "event": "job_started",
+            "level": "INFO",
+            "job_id": job_id,
+            "requests": requests,
+            "message": f"job {job_id}: concurrency limit {limits.get('max_concurrent_llm_calls')}",
+            **limits,
+        },
+    )
+
+
+def job_ended(job_id: str, status: str, opinions: int, errors: int, error: str | None = None) -> None:
+    _emit(
+        logging.INFO if status == "completed" else logging.WARNING,
+        {"event": "job_ended", "job_id": job_id, "status": status, "opinions": opinions, "errors": errors}
+        | ({"error": error} if error else {}),
+    )
+
+
+def evaluation_failed(
+    job_id: str, agent: str, dimension: str, request_id: int, status_code: int | None, attempts: int, elapsed_s: float
+) -> None:
+    """The ERROR line of a dimension whose last attempt failed (seed 000: persistent failures)."""
+    _emit(
+        logging.ERROR,
+        {
+            "event": "evaluation_failed",
+            "level": "ERROR",
+            "job_id": job_id,
+            "agent": agent,
+            "dimension": dimension,
+            "request_id": request_id,
+            "status_code": status_code,
+            "attempts": attempts,
+            "elapsed_s": round(elapsed_s, 3),
+        },
+    )
+
+
+def entry_rejected(job_id: str, agent: str, request_id: int, reason: str, raw: str) -> None:
+    """A structured answer's entry discarded (FR-005): WARNING with the raw entry; it is retried alone."""
+    _emit(
+        logging.WARNING,
+        {
+            "event": "entry_rejected",
+            "level": "WARNING",
+            "job_id": job_id,
+            "agent": agent,
+            "request_id": request_id,
+            "reason": reason,
+            "raw": raw,
+        },
+    )
+
+
+def verdict_unparsed(job_id: str, agent: str, dimension: str, request_id: int, reason: str) -> None:
+    """An answer with no usable VERDICT: the request stays completed, its opinion is flagged."""
+    _emit(
+        logging.WARNING,
+        {
+            "event": "verdict_unparsed",
+            "level": "WARNING",
+            "job_id": job_id,
+            "agent": agent,
+            "dimension": dimension,
+            "request_id": request_id,
+            "reason": reason,
+        },
+    )
+
+
+def job_error(job_id: str, message: str) -> None:
+    """A job's step raised: the job fails, the others go on (D4)."""
+    _emit(logging.ERROR, {"event": "job_error", "level": "ERROR", "job_id": job_id, "message": message})

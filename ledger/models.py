@@ -124,8 +124,11 @@ class Job(SQLModel, table=True):
     spec: dict[str, Any] | None = _json()
     budget_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
     error: str | None = _text()
+    # Every request that ended without a usable answer, one line each (seed 000's `state.errors`).
+    errors: list[str] | None = _json()
     created_at: datetime | None = _ts(nullable=False, default_now=True)
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
+    started_at: datetime | None = _ts()
     completed_at: datetime | None = _ts()
 
 
@@ -197,6 +200,7 @@ class LlmRequest(SQLModel, table=True):
         Index("ix_llm_requests_job", "job_id", "created_at"),
         Index("ix_llm_requests_created", "created_at"),
         Index("ix_llm_requests_batch", "batch_id"),
+        Index("ix_llm_requests_completed", "completed_at"),
     )
 
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
@@ -242,6 +246,12 @@ class LlmRequest(SQLModel, table=True):
     cost_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
     latency_ms: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     trace: dict[str, Any] | None = _json()
+    # Budget: the worst-case cost (price x (input estimate + max_tokens)), fixed at enqueue;
+    # reserved while a call may be spending it (set by the claim, cleared by the outcome).
+    estimate_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    reserved_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    # When the parsers last derived reasoning / verdict from raw_output (NULL: not yet).
+    parsed_at: datetime | None = _ts()
     created_at: datetime | None = _ts(nullable=False, default_now=True)
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
     completed_at: datetime | None = _ts()
@@ -307,7 +317,8 @@ class Opinion(SQLModel, table=True):
     """A judge's parsed opinion on one dimension; score NULL when evaluation failed."""
 
     __tablename__ = "opinions"
-    __table_args__ = (Index("ix_opinions_job", "job_id", "agent", "dimension"),)
+    # One opinion per (job, agent, dimension): written once, whatever crashes (insert-if-absent).
+    __table_args__ = (UniqueConstraint("job_id", "agent", "dimension", name="uq_opinions_job_agent_dimension"),)
 
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
     job_id: str | None = Field(default=None, sa_column=Column(String(200), ForeignKey("jobs.id"), nullable=True))
@@ -317,6 +328,8 @@ class Opinion(SQLModel, table=True):
     argument: str | None = _text()
     cited_evidence: Any | None = _json()
     request_id: int | None = Field(default=None, sa_column=Column(IdType, ForeignKey("llm_requests.id"), nullable=True))
+    # Why the source answer gave no score (the opinion is flagged; the raw output is kept).
+    parse_error: str | None = _text()
     created_at: datetime | None = _ts(nullable=False, default_now=True)
 
 

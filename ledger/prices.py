@@ -19,6 +19,11 @@ from typing import Any
 
 _DATE_SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
 _PER_TOKEN = 1e-6
+# Worst-case output when a request sets no max_tokens (what a budget reserves for it).
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
+# An upper bound on input tokens: no tokenizer in use gives fewer than ~3 bytes per token
+# on ordinary text, so bytes / 3 over-reserves rather than under.
+_BYTES_PER_TOKEN_AT_LEAST = 3
 
 
 class PriceTableError(ValueError):
@@ -58,6 +63,18 @@ class PriceTable:
         if price is None or (input_tokens is None and output_tokens is None):
             return None
         return price.cost(input_tokens, output_tokens, batch=batch)
+
+    def worst_case(
+        self, provider: str, model: str, prompt_bytes: int, params: dict[str, Any] | None, *, batch: bool = False
+    ) -> float | None:
+        """What a request can cost at most (budgets reserve this), or None without a price."""
+        price = self.price(provider, model)
+        if price is None:
+            return None
+        params = params or {}
+        max_out = params.get("max_tokens") or params.get("max_completion_tokens") or DEFAULT_MAX_OUTPUT_TOKENS
+        input_tokens = -(-prompt_bytes // _BYTES_PER_TOKEN_AT_LEAST)
+        return price.cost(input_tokens, int(max_out), batch=batch)
 
 
 def _read(text: str, where: str) -> dict[tuple[str, str], Price]:

@@ -62,6 +62,7 @@ class Scheduler:
             "pool_limit": settings.pool_limit,
             "max_attempts": settings.retry_max_attempts,
             "max_claims": settings.max_concurrent_llm_calls,
+            "daily_budget": settings.daily_budget_usd,
         }
 
     def claim_args(self) -> dict[str, Any] | None:

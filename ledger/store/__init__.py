@@ -7,13 +7,14 @@ from sqlalchemy.engine import Engine
 from ledger.store.audit import AuditQueries
 from ledger.store.batches import BatchQueries
 from ledger.store.dialect import Dialect
+from ledger.store.jobs import JobQueries
 from ledger.store.queue import EnqueueResult, QueueQueries
 from ledger.store.schema import DatabaseError, open_engine
 
 __all__ = ["DatabaseError", "EnqueueResult", "Store"]
 
 
-class Store(QueueQueries, BatchQueries, AuditQueries):
+class Store(QueueQueries, BatchQueries, JobQueries, AuditQueries):
     """Issues every query the ledger makes, on an engine whose schema is at head."""
 
     engine: Engine
@@ -24,8 +25,9 @@ class Store(QueueQueries, BatchQueries, AuditQueries):
         self.engine, self.dialect = open_engine(url, ping_on_checkout=ping_on_checkout)
 
     def has_work(self) -> bool:
-        """Anything left for a daemon: online requests queued or in flight, or provider batch work."""
-        return self.has_online_work() or self.has_batch_work()
+        """Anything left for a daemon: online requests queued or in flight, provider batch work,
+        or an evaluation job still to advance (parsing and gap-filling included)."""
+        return self.has_online_work() or self.has_batch_work() or self.has_active_jobs()
 
     def close(self) -> None:
         self.engine.dispose()

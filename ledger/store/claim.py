@@ -23,14 +23,15 @@ from typing import Any
 from sqlalchemy import Select, and_, bindparam, case, func, insert, literal, or_, select, tuple_, union_all, update
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.models import AttemptOutcome, Delivery, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
+from ledger.models import AttemptOutcome, Delivery, Job, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
 from ledger.store import pools as pool_state
-from ledger.store.dialect import Dialect, db_now, db_now_plus
+from ledger.store.dialect import Dialect, db_now, db_now_plus, db_today
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
 attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
 workers = LlmWorker.__table__  # type: ignore[attr-defined]
+jobs = Job.__table__  # type: ignore[attr-defined]
 
 RUNNING = RequestStatus.RUNNING.value
 QUEUED = RequestStatus.QUEUED.value
@@ -86,7 +87,7 @@ _CLAIM_STATE = union_all(
 )
 # Due rows in claim order, leaving out full and cooling pools (an empty list leaves out none).
 _CANDIDATES = (
-    select(_c.id, _c.endpoint)
+    select(_c.id, _c.endpoint, _c.job_id, _c.estimate_usd)
     .where(
         _c.status == QUEUED,
         _c.delivery == Delivery.ONLINE.value,
@@ -105,6 +106,7 @@ _TAKE = (
         lease_token=_c.lease_token + 1,
         lease_expires_at=db_now_plus(bindparam("b_lease")),
         attempts=_c.attempts + 1,
+        reserved_usd=_c.estimate_usd,
         updated_at=db_now(),
     )
     .returning(*CLAIMED_COLUMNS)
@@ -152,6 +154,7 @@ class ClaimQueries:
         pool_limit: Callable[[str], int],
         max_attempts: int,
         max_claims: int,
+        daily_budget: float | None = None,
         reclaim: bool = True,
         held: Collection[Held] = (),
     ) -> Claim:
@@ -186,9 +189,11 @@ class ClaimQueries:
         candidates = conn.execute(self._candidates, {"b_full": full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
         picked: list[int] = []
         taken: dict[str, int] = {}
-        for row in candidates:
+        rows = list(candidates)
+        budget = Budget.read(conn, daily_budget, rows)
+        for row in rows:
             used = in_flight.get(row.endpoint, 0) + taken.get(row.endpoint, 0)
-            if used < limit_of(row.endpoint):
+            if used < limit_of(row.endpoint) and budget.reserve(row.job_id, row.estimate_usd):
                 picked.append(row.id)
                 taken[row.endpoint] = taken.get(row.endpoint, 0) + 1
                 if len(picked) == free_total:
@@ -262,6 +267,69 @@ class ClaimQueries:
         return ReleasedRows(rows, active, ts)
 
 
+@dataclass
+class Budget:
+    """What the claim may still reserve: today's cap and each candidate job's own cap.
+
+    Read under the claim lock, so what several daemons reserve together never passes
+    a cap: spent = the cost of what finished (today, or in the job) + the estimates
+    reserved by calls in flight. A request that does not fit waits in the queue.
+    Requests without an estimate (no price known) are not held back.
+    """
+
+    daily_left: float | None
+    job_left: dict[str, float]
+
+    @classmethod
+    def read(cls, conn: Connection, daily_budget: float | None, candidates: list[Any]) -> Budget:
+        priced = [r for r in candidates if r.estimate_usd is not None]
+        if not priced:
+            return cls(None, {})
+        daily_left = None if daily_budget is None else daily_budget - spent_today(conn)
+        job_ids = sorted({r.job_id for r in priced if r.job_id is not None})
+        job_left: dict[str, float] = {}
+        if job_ids:
+            budgets = conn.execute(
+                select(jobs.c.id, jobs.c.budget_usd).where(jobs.c.id.in_(job_ids), jobs.c.budget_usd.is_not(None))
+            ).all()
+            for job_id, cap in budgets:
+                job_left[job_id] = float(cap) - job_spent(conn, job_id)
+        return cls(daily_left, job_left)
+
+    def reserve(self, job_id: str | None, estimate: float | None) -> bool:
+        """Take `estimate` from what is left, or say it does not fit."""
+        if estimate is None:
+            return True
+        job_left = self.job_left.get(job_id) if job_id is not None else None
+        if (self.daily_left is not None and estimate > self.daily_left) or (
+            job_left is not None and estimate > job_left
+        ):
+            return False
+        if self.daily_left is not None:
+            self.daily_left -= estimate
+        if job_left is not None and job_id is not None:
+            self.job_left[job_id] = job_left - estimate
+        return True
+
+
+_RESERVED = func.coalesce(func.sum(case((_c.status == RUNNING, _c.reserved_usd), else_=None)), 0.0)
+
+
+def spent_today(conn: Connection) -> float:
+    """Today's spend (UTC day, the database's clock): costs of what finished today + reservations in flight."""
+    finished = func.coalesce(func.sum(case((_c.completed_at >= db_today(), _c.cost_usd), else_=None)), 0.0)
+    row = conn.execute(
+        select(finished, _RESERVED).where(or_(_c.completed_at >= db_today(), _c.status == RUNNING))
+    ).one()
+    return float(row[0]) + float(row[1])
+
+
+def job_spent(conn: Connection, job_id: str) -> float:
+    """A job's spend: costs of its finished requests + reservations of its calls in flight."""
+    row = conn.execute(select(func.coalesce(func.sum(_c.cost_usd), 0.0), _RESERVED).where(_c.job_id == job_id)).one()
+    return float(row[0]) + float(row[1])
+
+
 @dataclass(frozen=True)
 class LeaseEnd:
     """Why leases are being ended without an outcome, for the rows and attempts it touches."""
@@ -309,6 +377,7 @@ def _end_leases(conn: Connection, which: Any, end: LeaseEnd) -> list[ClaimedRequ
                 else_=_c.error_message,
             ),
             completed_at=case((or_(canceled, spent), db_now()), else_=_c.completed_at),
+            reserved_usd=None,
             updated_at=db_now(),
         )
         .returning(*CLAIMED_COLUMNS)

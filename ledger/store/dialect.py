@@ -3,7 +3,7 @@
 Everything else in the store is written once, in SQLAlchemy Core, against the
 constructs defined here:
 
-- `db_now()` / `db_now_plus(seconds)`: the database clock. Timestamps never come
+- `db_now()` / `db_now_plus(seconds)` / `db_today()`: the database clock. Timestamps never come
   from the process clock, so several hosts sharing one PostgreSQL agree on lease
   expiry and back-off deadlines. SQLite stores them as ISO text with microseconds
   so that plain string comparison orders them correctly.
@@ -51,6 +51,13 @@ class db_now_plus(expression.FunctionElement[Any]):
     inherit_cache = True
 
 
+class db_today(expression.FunctionElement[Any]):
+    """The start of the database's current UTC day (daily budgets reset there)."""
+
+    type = DateTime(timezone=True)
+    inherit_cache = True
+
+
 @compiles(db_now, "postgresql")
 def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     return "clock_timestamp()"
@@ -59,6 +66,16 @@ def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(db_now, "sqlite")
 def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     return _SQLITE_NOW
+
+
+@compiles(db_today, "postgresql")
+def _pg_today(element: db_today, compiler: SQLCompiler, **kw: Any) -> str:
+    return "date_trunc('day', clock_timestamp(), 'UTC')"
+
+
+@compiles(db_today, "sqlite")
+def _sqlite_today(element: db_today, compiler: SQLCompiler, **kw: Any) -> str:
+    return "strftime('%Y-%m-%d 00:00:00.000', 'now') || '000'"
 
 
 @compiles(db_now_plus, "postgresql")

@@ -124,7 +124,14 @@ _RUNNING_UNMARKED = and_(requests.c.status == RUNNING, requests.c.cancel_request
 _FENCE_STATE = select(requests.c.id, requests.c.lease_token, requests.c.status, requests.c.cancel_requested_at).where(
     requests.c.id.in_(bindparam("b_ids", expanding=True))
 )
-_FINAL = {"completed_at": db_now(), "lease_owner": None, "lease_expires_at": None, "updated_at": db_now()}
+# A final outcome settles the budget: the reservation goes, the real cost (if any) stays.
+_FINAL = {
+    "completed_at": db_now(),
+    "lease_owner": None,
+    "lease_expires_at": None,
+    "reserved_usd": None,
+    "updated_at": db_now(),
+}
 _RETRY = {
     "next_attempt_at": db_now_plus(bindparam("b_delay")),
     "last_status_code": bindparam("b_status"),
@@ -153,7 +160,9 @@ _REQUEST_UPDATES = {
         **_FINAL,
     ),
     "retry_hold": _fenced_update().values(**_RETRY),
-    "retry_release": _fenced_update().values(status=QUEUED, lease_owner=None, lease_expires_at=None, **_RETRY),
+    "retry_release": _fenced_update().values(
+        status=QUEUED, lease_owner=None, lease_expires_at=None, reserved_usd=None, **_RETRY
+    ),
 }
 # A cancel was waiting for this call: the request ends `canceled`, and what the call
 # returned is kept beside it (it was paid for), never presented as `completed`.
@@ -203,30 +212,32 @@ class QueueQueries(ClaimQueries):
         transaction rolls back, so nothing is half written. Rows are inserted in
         batches so memory stays bounded whatever the size of the input.
         """
+        with self.engine.begin() as conn:
+            return self.enqueue_in(conn, rows, batch_size)
+
+    def enqueue_in(self, conn: Connection, rows: Iterable[dict[str, Any]], batch_size: int = 1000) -> EnqueueResult:
+        """`enqueue` inside a transaction the caller holds (a job staged with its requests)."""
         kept: list[dict[str, Any]] = []
         inserted = seen = 0
-        with self.engine.begin() as conn:
-            next_seq: dict[str | None, int] = {}
-            batch: list[dict[str, Any]] = []
-            for row in rows:
-                job_id = row.get("job_id")
-                if job_id not in next_seq:
-                    next_seq[job_id] = self._max_fair_seq(conn, job_id) + 1
-                    if job_id is not None:
-                        conn.execute(self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"})
-                batch.append({**row, "fair_seq": next_seq[job_id]})
-                next_seq[job_id] += 1
-                if len(batch) >= batch_size:
-                    new = self._insert_batch(conn, batch)
-                    seen, inserted, batch = seen + len(batch), inserted + len(new), []
-                    kept = kept + new if len(kept) + len(new) <= KEEP_INSERTED_MAX else []
-            if batch:
+        next_seq: dict[str | None, int] = {}
+        batch: list[dict[str, Any]] = []
+        for row in rows:
+            job_id = row.get("job_id")
+            if job_id not in next_seq:
+                next_seq[job_id] = self._max_fair_seq(conn, job_id) + 1
+                if job_id is not None:
+                    conn.execute(self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"})
+            batch.append({**row, "fair_seq": next_seq[job_id]})
+            next_seq[job_id] += 1
+            if len(batch) >= batch_size:
                 new = self._insert_batch(conn, batch)
-                seen, inserted = seen + len(batch), inserted + len(new)
+                seen, inserted, batch = seen + len(batch), inserted + len(new), []
                 kept = kept + new if len(kept) + len(new) <= KEEP_INSERTED_MAX else []
-            depth = conn.execute(
-                select(func.count()).select_from(requests).where(requests.c.status == QUEUED)
-            ).scalar_one()
+        if batch:
+            new = self._insert_batch(conn, batch)
+            seen, inserted = seen + len(batch), inserted + len(new)
+            kept = kept + new if len(kept) + len(new) <= KEEP_INSERTED_MAX else []
+        depth = conn.execute(select(func.count()).select_from(requests).where(requests.c.status == QUEUED)).scalar_one()
         return EnqueueResult(inserted, seen - inserted, depth, kept if len(kept) == inserted else [])
 
     def id_for_key(self, idempotency_key: str) -> int:
@@ -347,7 +358,12 @@ class QueueQueries(ClaimQueries):
             update(requests)
             .where(self._fenced(request))
             .values(
-                status=QUEUED, lease_owner=None, lease_expires_at=None, next_attempt_at=db_now(), updated_at=db_now()
+                status=QUEUED,
+                lease_owner=None,
+                lease_expires_at=None,
+                reserved_usd=None,
+                next_attempt_at=db_now(),
+                updated_at=db_now(),
             )
         ).rowcount
         return bool(gave_back)

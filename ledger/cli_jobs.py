@@ -1,0 +1,227 @@
+"""The evaluation-job commands: `ledger eval`, `ledger report`, `ledger reparse`, and job status.
+
+Exit codes: 2 for what an operator can fix in the input (a bad spec, a bad
+setting), 3 for a trigger refused by policy (capacity, budget), 1 for an
+unknown job.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit
+from ledger.settings import Settings
+
+REFUSED_EXIT = 3
+
+
+def register_job_commands(app: typer.Typer) -> None:
+    app.command("eval")(eval_job)
+    app.command()(report)
+    app.command()(reparse)
+
+
+def eval_job(
+    spec_file: Annotated[Path, typer.Argument(help="The job spec (TOML).", show_default=False)],
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait", help="Show progress until the job ends, then its scores; with no daemon alive, run it here."
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Trigger an evaluation job: judges x dimensions over an artifact (refused with exit 3 at capacity or budget)."""
+    from ledger.jobs import TriggerRefused, trigger
+    from ledger.spec import SpecError, load_spec
+
+    settings = settings_or_exit()
+    try:
+        spec = load_spec(spec_file)
+    except SpecError as exc:
+        fail(str(exc))
+    store = open_store(settings)
+    try:
+        with operator_errors():
+            staged = trigger(store, settings, spec)
+    except TriggerRefused as exc:
+        err.print(str(exc), highlight=False, soft_wrap=True)
+        raise typer.Exit(REFUSED_EXIT) from None
+    said: dict[str, Any] = {"job_id": staged.job_id, "created": staged.created, "requests": staged.requests}
+    if not as_json:
+        if staged.created:
+            line = f"triggered job {staged.job_id}: {staged.requests} requests ({spec.delivery})"
+        else:
+            line = f"job {staged.job_id} was already triggered ({staged.requests} requests); nothing added"
+        out.print(line, highlight=False, soft_wrap=True)
+    if wait:
+        anyio.run(lambda: follow(settings, store, staged.job_id, show=not as_json))
+        job = store.get_job(staged.job_id)
+        said["status"] = job["status"] if job else None
+        if as_json:
+            said["opinions"] = [opinion_json(o) for o in store.opinions(staged.job_id)]
+        else:
+            print_scores(store, staged.job_id)
+    if as_json:
+        out.print_json(json.dumps(said, default=json_default))
+
+
+async def follow(settings: Settings, store: Any, job_id: str, *, show: bool) -> None:
+    """Poll the job until it ends, with a progress bar. With no live daemon on the database,
+    run one here until the job is done: on a laptop one command does the whole job."""
+    from ledger.daemon import run_daemon
+
+    here = await anyio.to_thread.run_sync(store.live_daemons, settings.lease_seconds) == 0
+    stop = anyio.Event()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    async with anyio.create_task_group() as tg:
+        if here:
+            _quiet_logs(settings)
+            tg.start_soon(lambda: run_daemon(settings, until_idle=True, stop=stop))
+        with Progress(*columns, console=out, disable=not show, transient=False) as bar:
+            task = bar.add_task(job_id, total=None)
+            delay = 0.1
+            while True:
+                job = await anyio.to_thread.run_sync(store.get_job, job_id)
+                progress = await anyio.to_thread.run_sync(store.job_progress, job_id)
+                phase = job["phase"] if job else "?"
+                bar.update(task, total=progress["total"], completed=progress["done"], description=f"{job_id} {phase}")
+                if job is None or job["status"] != "running":
+                    break
+                await anyio.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+        stop.set()
+
+
+def _quiet_logs(settings: Settings) -> None:
+    """An in-process daemon under a progress bar logs warnings and errors only (its JSON lines on stderr)."""
+    from ledger.events import configure_logging
+
+    configure_logging("WARNING" if settings.log_level in ("DEBUG", "INFO") else settings.log_level)
+
+
+def report(
+    job_id: Annotated[str, typer.Argument(help="The job's id.", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per opinion.")] = False,
+) -> None:
+    """The job's scores: dimensions x agents (failed cells marked), or its opinions as JSON."""
+    settings = settings_or_exit()
+    store = open_store(settings)
+    if store.get_job(job_id) is None:
+        fail(f"no job {job_id!r}", code=1)
+    if as_json:
+        for opinion in store.opinions(job_id):
+            out.print(json.dumps(opinion_json(opinion), default=json_default), highlight=False, soft_wrap=True)
+        return
+    print_scores(store, job_id)
+
+
+def opinion_json(opinion: dict[str, Any]) -> dict[str, Any]:
+    """The fields `report --json` promises, in that order."""
+    keys = ("agent", "dimension", "score", "argument", "request_id", "parse_error")
+    return {"job": opinion["job_id"], **{key: opinion[key] for key in keys}}
+
+
+def print_scores(store: Any, job_id: str) -> None:
+    """The table of scores: one row per dimension, one column per agent; `failed` and `unparsed` marked."""
+    from ledger.jobs import job_spec
+
+    job = store.get_job(job_id)
+    opinions = {(o["agent"], o["dimension"]): o for o in store.opinions(job_id)}
+    spec = job_spec(job)
+    agents = [a.name for a in spec.agents]
+    table = Table("dimension", *agents, title=f"{job_id}: {job['status']}")
+    for dimension in spec.dimensions:
+        cells = []
+        for agent in agents:
+            opinion = opinions.get((agent, dimension.id))
+            if opinion is None:
+                cells.append("-")
+            elif opinion["score"] is not None:
+                cells.append(str(opinion["score"]))
+            else:
+                cells.append("[red]unparsed[/]" if opinion["parse_error"] else "[red]failed[/]")
+        table.add_row(dimension.id, *cells)
+    out.print(table)
+    errors = job.get("errors") or []
+    if errors:
+        out.print(f"{len(errors)} error(s):", highlight=False)
+        for line in errors:
+            out.print(f"  {line}", highlight=False, soft_wrap=True)
+    if job.get("error"):
+        out.print(f"job {job['status']}: {job['error']}", highlight=False, soft_wrap=True)
+
+
+def reparse(job_id: Annotated[str, typer.Argument(help="The job's id.", show_default=False)]) -> None:
+    """Recompute every derived field and opinion of a job from stored raw output (no provider call)."""
+    from ledger.jobs import reparse as reparse_job
+
+    settings = settings_or_exit()
+    store = open_store(settings)
+    try:
+        written = reparse_job(store, job_id)
+    except LookupError as exc:
+        fail(str(exc).strip("'\""), code=1)
+    out.print(f"reparsed job {job_id}: {written} opinions from stored output, no provider call", highlight=False)
+
+
+def job_status(store: Any, settings: Settings) -> dict[str, Any]:
+    """Active jobs with phase, progress, duration and spend; today's budget; job capacity (seed 004)."""
+    now = time.time()
+    active = []
+    for job in store.active_jobs():
+        progress = store.job_progress(job["id"])
+        started = job.get("started_at") or job.get("created_at")
+        active.append(
+            {
+                "job_id": job["id"],
+                "phase": job["phase"],
+                "done": progress["done"],
+                "total": progress["total"],
+                "duration_s": round(now - started.timestamp(), 1) if started else None,
+                "spent_usd": round(progress["spent_usd"], 6),
+            }
+        )
+    spent = store.spend_today()
+    limit = settings.daily_budget_usd
+    return {
+        "active_jobs": active,
+        "budget": {
+            "spent_today_usd": round(spent, 6),
+            "daily_limit_usd": limit,
+            "remaining_usd": None if limit is None else round(max(limit - spent, 0.0), 6),
+        },
+        "capacity": {"active": len(active), "limit": settings.job_capacity},
+    }
+
+
+def print_job_status(status: dict[str, Any]) -> None:
+    jobs = status["active_jobs"]
+    out.print(f"active jobs: {len(jobs)}", highlight=False)
+    for job in jobs:
+        duration = job["duration_s"] or 0.0
+        minutes, seconds = divmod(int(duration), 60)
+        out.print(
+            f"  {job['job_id']}  {job['phase']:<12} {job['done']}/{job['total']} requests  "
+            f"({minutes}m {seconds:02d}s)  ${job['spent_usd']:.4f}",
+            highlight=False,
+        )
+    budget = status["budget"]
+    if budget["daily_limit_usd"] is None:
+        out.print(f"budget: ${budget['spent_today_usd']:.2f} spent today (no daily limit)", highlight=False)
+    else:
+        out.print(
+            f"budget: ${budget['remaining_usd']:.2f} remaining today "
+            f"(${budget['spent_today_usd']:.2f} of ${budget['daily_limit_usd']:.2f} spent)",
+            highlight=False,
+        )
+    capacity = status["capacity"]
+    out.print(f"capacity: {capacity['active']}/{capacity['limit']} jobs", highlight=False)

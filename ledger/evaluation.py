@@ -1,0 +1,224 @@
+"""What an evaluation job asks and what it concludes: pure functions, no I/O.
+
+`requests_for` turns a spec into request specs (per dimension, or one structured
+request per agent: seed 000 FR-005). `plan` reads a job's requests as the ledger
+holds them and says, for every (agent, dimension): its opinion if its source is
+final, or that it is still pending, or that it is a gap to fill with one
+individual request (missing from a structured answer, rejected, or the
+structured request failed). The coordinator, `ledger reparse` and tests all use
+the same two functions, so a reparse reproduces exactly what the job concluded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ledger.enqueue import RequestSpec, build_spec
+from ledger.models import Delivery, RequestStatus
+from ledger.parsing import RejectedEntry, evaluation_schema, parse_structured, parse_verdict
+from ledger.spec import AgentSpec, DimensionSpec, JobSpec
+
+SINGLE, STRUCTURED = "single", "structured"
+PURPOSE = "evaluation"
+FAILED_ARGUMENT = "Evaluation failed after {n} retries"
+
+
+def single_key(job_id: str, agent: str, dimension: str) -> str:
+    return f"{job_id}:{agent}:{dimension}"
+
+
+def structured_key(job_id: str, agent: str) -> str:
+    return f"{job_id}:{agent}:*"
+
+
+def _criterion(d: DimensionSpec) -> str:
+    lines = [f"### {d.name} (`{d.id}`)", d.instruction.strip()]
+    if d.success:
+        lines.append(f"Success looks like: {d.success.strip()}")
+    if d.failure:
+        lines.append(f"Failure looks like: {d.failure.strip()}")
+    return "\n".join(lines)
+
+
+def single_prompt(spec: JobSpec, dimension: DimensionSpec) -> str:
+    return (
+        "Judge the artifact below on one dimension.\n\n"
+        f"{_criterion(dimension)}\n\n## Artifact\n{spec.artifact.strip()}\n\n"
+        "Score it from 1 (worst) to 5 (best). Reason step by step, citing the artifact, "
+        "then end with a final line exactly `VERDICT: <1-5>`."
+    )
+
+
+def structured_prompt(spec: JobSpec) -> str:
+    criteria = "\n\n".join(_criterion(d) for d in spec.dimensions)
+    return (
+        "Judge the artifact below on every dimension listed.\n\n"
+        f"## Dimensions\n{criteria}\n\n## Artifact\n{spec.artifact.strip()}\n\n"
+        "Answer with JSON: an `evaluations` array holding one entry per dimension, each with "
+        "`criterion_id`, `score` (an integer from 1, worst, to 5, best), `argument` and "
+        "`cited_evidence` (quotes from the artifact)."
+    )
+
+
+def _request(spec: JobSpec, agent: AgentSpec, **fields: Any) -> RequestSpec:
+    return build_spec(
+        provider=agent.provider,
+        model=agent.model,
+        system=agent.system,
+        params=dict(agent.params),
+        delivery=Delivery(spec.delivery),
+        job_id=spec.id,
+        purpose=PURPOSE,
+        **fields,
+    )
+
+
+def single_request(spec: JobSpec, agent: AgentSpec, dimension: DimensionSpec) -> RequestSpec:
+    return _request(
+        spec,
+        agent,
+        idempotency_key=single_key(spec.id, agent.name, dimension.id),
+        messages=[{"role": "user", "content": single_prompt(spec, dimension)}],
+        trace={"agent": agent.name, "dimension": dimension.id, "mode": SINGLE},
+    )
+
+
+def requests_for(spec: JobSpec, structured_for: frozenset[str]) -> list[RequestSpec]:
+    """The job's first requests: one structured request for agents whose provider is in
+    `structured_for` (empty unless BATCHING_ENABLED), one per dimension for the rest (FR-004)."""
+    out: list[RequestSpec] = []
+    ids = [d.id for d in spec.dimensions]
+    for agent in spec.agents:
+        if agent.provider in structured_for:
+            out.append(
+                _request(
+                    spec,
+                    agent,
+                    idempotency_key=structured_key(spec.id, agent.name),
+                    messages=[{"role": "user", "content": structured_prompt(spec)}],
+                    response_format=evaluation_schema(ids),
+                    trace={"agent": agent.name, "dimension": "*", "dimensions": ids, "mode": STRUCTURED},
+                )
+            )
+        else:
+            out.extend(single_request(spec, agent, d) for d in spec.dimensions)
+    return out
+
+
+@dataclass
+class Plan:
+    """Where a job stands, derived from its requests alone."""
+
+    derived: dict[int, dict[str, Any]] = field(default_factory=dict)  # request id -> derived fields
+    opinions: list[dict[str, Any]] = field(default_factory=list)  # known now, in (agent, dimension) order
+    gaps: list[tuple[AgentSpec, DimensionSpec]] = field(default_factory=list)  # need an individual request
+    pending: int = 0  # cells whose source is not final yet
+    rejected: dict[int, tuple[RejectedEntry, ...]] = field(default_factory=dict)  # structured request -> discarded
+
+    @property
+    def complete(self) -> bool:
+        return not self.gaps and not self.pending
+
+
+def plan(spec: JobSpec, rows: list[dict[str, Any]]) -> Plan:
+    """Every (agent, dimension) of the job: its opinion, pending, or a gap."""
+    out = Plan()
+    single: dict[tuple[str, str], dict[str, Any]] = {}
+    structured: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        trace = row.get("trace") or {}
+        if trace.get("mode") == STRUCTURED:
+            structured[str(trace.get("agent"))] = row
+        elif trace.get("mode") == SINGLE:
+            single[(str(trace.get("agent")), str(trace.get("dimension")))] = row
+    ids = [d.id for d in spec.dimensions]
+    for agent in spec.agents:
+        whole = structured.get(agent.name)
+        entries = _structured_entries(whole, ids, out) if whole is not None else None
+        for dimension in spec.dimensions:
+            alone = single.get((agent.name, dimension.id))
+            if alone is not None:
+                if alone["status"] in _OPEN:
+                    out.pending += 1
+                else:
+                    out.opinions.append(_single_opinion(agent, dimension, alone, out))
+            elif whole is not None and whole["status"] in _OPEN:
+                out.pending += 1
+            elif whole is not None and entries is not None and dimension.id in entries:
+                entry = entries[dimension.id]
+                out.opinions.append(
+                    _opinion(agent, dimension, whole, entry.score, entry.argument, list(entry.cited_evidence))
+                )
+            else:
+                out.gaps.append((agent, dimension))
+    return out
+
+
+_OPEN = (RequestStatus.QUEUED.value, RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value)
+
+
+def _structured_entries(row: dict[str, Any], ids: list[str], out: Plan) -> dict[str, Any] | None:
+    if row["status"] != RequestStatus.COMPLETED.value:
+        return None
+    parsed = parse_structured(row.get("raw_output"), ids)
+    out.derived[row["id"]] = {
+        "reasoning": None,
+        "verdict_text": None,
+        "parsed_verdict": {
+            d: {"score": e.score, "argument": e.argument, "cited_evidence": list(e.cited_evidence)}
+            for d, e in parsed.entries.items()
+        },
+        "parse_error": parsed.error
+        or (f"{len(parsed.missing)} of {len(ids)} dimensions missing or rejected" if parsed.missing else None),
+    }
+    if parsed.rejected:
+        out.rejected[row["id"]] = parsed.rejected
+    return dict(parsed.entries)
+
+
+def _single_opinion(agent: AgentSpec, dimension: DimensionSpec, row: dict[str, Any], out: Plan) -> dict[str, Any]:
+    if row["status"] != RequestStatus.COMPLETED.value:
+        opinion = _opinion(agent, dimension, row, None, FAILED_ARGUMENT.format(n=row["attempts"]), [])
+        opinion["error_line"] = failure_line(agent.name, dimension.id, row)
+        return opinion
+    verdict = parse_verdict(row.get("raw_output"))
+    out.derived[row["id"]] = {
+        "reasoning": verdict.reasoning,
+        "verdict_text": verdict.verdict_text,
+        "parsed_verdict": verdict.score,
+        "parse_error": verdict.error,
+    }
+    opinion = _opinion(agent, dimension, row, verdict.score, verdict.reasoning, [])
+    opinion["parse_error"] = verdict.error
+    return opinion
+
+
+def _opinion(
+    agent: AgentSpec, dimension: DimensionSpec, row: dict[str, Any], score: int | None, argument: str | None, cited: Any
+) -> dict[str, Any]:
+    return {
+        "agent": agent.name,
+        "dimension": dimension.id,
+        "score": score,
+        "argument": argument,
+        "cited_evidence": cited,
+        "request_id": row["id"],
+        "parse_error": None,
+    }
+
+
+def failure_line(agent: str, dimension: str, row: dict[str, Any]) -> str:
+    """The job's error-list entry for a request that ended without an answer."""
+    elapsed = elapsed_seconds(row.get("created_at"), row.get("completed_at"))
+    return (
+        f"{agent}/{dimension}: request {row['id']} ended {row['status']} after {row['attempts']} attempts "
+        f"(last status {row.get('last_status_code')}, {elapsed:.1f}s): {row.get('error_message') or row['status']}"
+    )
+
+
+def elapsed_seconds(start: Any, end: Any) -> float:
+    if not isinstance(start, datetime) or not isinstance(end, datetime):
+        return 0.0
+    return max((end - start).total_seconds(), 0.0)

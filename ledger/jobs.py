@@ -1,0 +1,198 @@
+"""Evaluation jobs: trigger (capacity, budget, staging) and one coordinator over every active job.
+
+The coordinator follows seed 004: jobs are rows, not tasks. One loop in the
+daemon reads the active jobs and advances each one step per cycle, inside its
+own error boundary (D4), so a job whose step raises fails alone. A job's phase
+is derived from the ledger each time (what is open, what is parsed, which
+opinions exist), so a restarted daemon, or a second one, resumes every job from
+where the database says it stands (D5, D6):
+
+    staged -> calling -> parsing -> (filling_gaps -> parsing)* -> completed | failed | canceled
+
+Calls are not made here: the claim loop and the batch loop serve the job's
+requests like any others. Capacity and the daily budget are checked once, at
+trigger (D2, D7); while the job runs, the claim reserves each request's
+worst-case cost against the daily budget and the job's own, so a job never
+overspends, it waits (daily) or ends `failed` (its own budget spent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from sqlalchemy.exc import DBAPIError
+
+from adapters.registry import STRUCTURED_OUTPUT_PROVIDERS
+from ledger import events
+from ledger.enqueue import to_row
+from ledger.evaluation import Plan, elapsed_seconds, plan, requests_for, single_request
+from ledger.models import JobStatus
+from ledger.record import DbLane
+from ledger.settings import Settings
+from ledger.spec import JobSpec
+from ledger.store import Store
+from ledger.store.jobs import Staged, TriggerRefused
+
+__all__ = ["Coordinator", "Staged", "TriggerRefused", "advance", "reparse", "trigger"]
+
+
+def limits_of(settings: Settings) -> dict[str, Any]:
+    """The limits a job is triggered under, kept with it (FR-009: they hold for the whole job)."""
+    return {
+        "max_concurrent_llm_calls": settings.max_concurrent_llm_calls,
+        "retry_max_attempts": settings.retry_max_attempts,
+        "llm_call_timeout": settings.llm_call_timeout,
+        "batching_enabled": settings.batching_enabled,
+        "job_capacity": settings.job_capacity,
+        "daily_budget_usd": settings.daily_budget_usd,
+    }
+
+
+def trigger(store: Store, settings: Settings, spec: JobSpec) -> Staged:
+    """Stage the job and its first requests in one transaction, or raise `TriggerRefused`.
+
+    Re-triggering a job id adds nothing (`Staged.created` is False).
+    """
+    structured_for = STRUCTURED_OUTPUT_PROVIDERS if settings.batching_enabled else frozenset()
+    rows = [to_row(r, settings.compatible_base_url, settings.prices) for r in requests_for(spec, structured_for)]
+    job = {
+        "id": spec.id,
+        "spec": {"job": spec.to_json(), "limits": limits_of(settings)},
+        "budget_usd": spec.budget_usd,
+    }
+    return store.stage_job(job, rows, capacity=settings.job_capacity, daily_budget=settings.daily_budget_usd)
+
+
+def job_spec(job: dict[str, Any]) -> JobSpec:
+    return JobSpec.from_json(job["spec"]["job"])
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one step did to a job (for logs and tests)."""
+
+    job_id: str
+    phase: str
+    ended: JobStatus | None = None
+
+
+def advance(store: Store, settings: Settings, job: dict[str, Any]) -> Step:
+    """One step of one job, from what the ledger holds now."""
+    job_id = job["id"]
+    spec = job_spec(job)
+    if job["phase"] == "staged":
+        if store.set_job_phase(job_id, "calling", starting=True):
+            progress = store.job_progress(job_id)
+            events.job_started(job_id, progress["total"], **job["spec"].get("limits", {}), delivery=spec.delivery)
+        return Step(job_id, "calling")
+    progress = store.job_progress(job_id)
+    if progress["open"]:
+        return _while_open(store, job, progress)
+    if job["phase"] not in ("parsing",):
+        store.set_job_phase(job_id, "parsing")
+    found = plan(spec, store.job_requests(job_id))
+    _save(store, job_id, found)
+    if found.gaps:
+        gap_specs = [single_request(spec, agent, dimension) for agent, dimension in found.gaps]
+        store.add_job_requests([to_row(r, settings.compatible_base_url, settings.prices) for r in gap_specs])
+        store.set_job_phase(job_id, "filling_gaps")
+        return Step(job_id, "filling_gaps")
+    if found.pending:  # a request reopened since we looked (a retry): next cycle
+        return Step(job_id, "parsing")
+    if store.end_job(job_id, JobStatus.COMPLETED):
+        errors = sum(1 for o in found.opinions if o["score"] is None)
+        events.job_ended(job_id, JobStatus.COMPLETED.value, len(found.opinions), errors)
+        return Step(job_id, "completed", JobStatus.COMPLETED)
+    return Step(job_id, "parsing")
+
+
+def _while_open(store: Store, job: dict[str, Any], progress: dict[str, Any]) -> Step:
+    """Requests are still open: the job waits, unless its own budget can pay for none of them."""
+    job_id, budget = job["id"], job["budget_usd"]
+    if budget is not None and progress["running"] == 0:
+        cheapest = store.cheapest_waiting(job_id)
+        spent = progress["spent_usd"]
+        if cheapest is not None and spent + cheapest > budget:
+            why = f"budget exhausted (${spent:.4f} of ${budget:.4f} spent; the next request may cost ${cheapest:.4f})"
+            if store.fail_job_for_budget(job_id, why):
+                events.job_ended(job_id, JobStatus.FAILED.value, len(store.opinions(job_id)), 0, why)
+                return Step(job_id, "failed", JobStatus.FAILED)
+    return Step(job_id, job["phase"])
+
+
+def _save(store: Store, job_id: str, found: Plan, *, overwrite: bool = False) -> None:
+    """Write what the plan derived; log what is new (once, whoever wrote it)."""
+    first_parsed, inserted = store.save_parse(job_id, found.derived, found.opinions, overwrite=overwrite)
+    if overwrite:
+        return
+    agents = {o["request_id"]: o["agent"] for o in found.opinions}
+    for request_id in sorted(first_parsed & set(found.rejected)):
+        for entry in found.rejected[request_id]:
+            events.entry_rejected(job_id, agents.get(request_id, "?"), request_id, entry.reason, entry.raw)
+    rows = {r["id"]: r for r in store.job_requests(job_id)} if inserted else {}
+    for opinion in inserted:
+        row = rows.get(opinion["request_id"], {})
+        if opinion.get("error_line"):
+            elapsed = elapsed_seconds(row.get("created_at"), row.get("completed_at"))
+            events.evaluation_failed(
+                job_id,
+                opinion["agent"],
+                opinion["dimension"],
+                opinion["request_id"],
+                row.get("last_status_code"),
+                int(row.get("attempts") or 0),
+                elapsed,
+            )
+        elif opinion.get("parse_error"):
+            events.verdict_unparsed(
+                job_id, opinion["agent"], opinion["dimension"], opinion["request_id"], opinion["parse_error"]
+            )
+
+
+def reparse(store: Store, job_id: str) -> int:
+    """Recompute every derived field and opinion of a job from stored raw output; no provider call.
+
+    Returns the number of opinions written. Gaps are not filled (that would call a
+    provider): a cell without a final source keeps no opinion.
+    """
+    job = store.get_job(job_id)
+    if job is None or not isinstance(job.get("spec"), dict) or "job" not in job["spec"]:
+        raise LookupError(f"no evaluation job {job_id!r}")
+    found = plan(job_spec(job), store.job_requests(job_id))
+    _save(store, job_id, found, overwrite=True)
+    return len(found.opinions)
+
+
+class Coordinator:
+    """The loop that advances every active job, one step each per cycle."""
+
+    def __init__(self, store: Store, lane: DbLane, settings: Settings) -> None:
+        self.store, self.lane, self.settings = store, lane, settings
+
+    async def run(self, *, stop: anyio.Event, until_idle: bool) -> None:
+        while not stop.is_set():
+            active = await self.lane.run(self.store.active_jobs)
+            for job in active:
+                await self.step(job)
+            if until_idle and not active and not await self.lane.run(self.store.has_work):
+                return
+            with anyio.move_on_after(self.settings.poll_interval):
+                await stop.wait()
+
+    async def step(self, job: dict[str, Any]) -> Step | None:
+        """One job's step inside its own error boundary: a bug in one job fails that job only.
+
+        A database failure is not the job's fault: the lane retries it, and past its
+        window it stops the daemon like every other stage.
+        """
+        try:
+            return await self.lane.run(advance, self.store, self.settings, job)
+        except DBAPIError:
+            raise
+        except Exception as exc:  # the error boundary of one job (D4)
+            message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            events.job_error(job["id"], message)
+            await self.lane.run(self.store.end_job, job["id"], JobStatus.FAILED, message)
+            return None

@@ -1,0 +1,270 @@
+"""Evaluation jobs' SQL: staging with its capacity and budget checks, phases, parse results, opinions.
+
+Invariants every statement here keeps:
+- A job is staged with all its requests in one transaction, under the claim lock,
+  after counting active jobs and today's spend: two triggers racing for the last
+  slot of capacity cannot both pass.
+- An opinion is inserted only if absent (unique per job, agent, dimension): the
+  log line and the job error that go with a new one are written by the one
+  transaction that inserted it, so neither repeats whatever crashes or however
+  many coordinators run.
+- A job's status moves only while it is still `running`: cancel wins over a
+  coordinator finishing the job at the same moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, case, func, select, update
+from sqlalchemy.engine import Connection, Engine
+
+from ledger.models import Job, JobStatus, Opinion, RequestStatus
+from ledger.store.claim import job_spent, requests, spent_today, workers
+from ledger.store.dialect import Dialect, db_now, db_now_plus
+from ledger.store.queue import EnqueueResult
+
+jobs = Job.__table__  # type: ignore[attr-defined]
+opinions = Opinion.__table__  # type: ignore[attr-defined]
+
+EVAL_KIND = "eval"
+RUNNING_JOB = JobStatus.RUNNING.value
+OPEN_STATUSES = (RequestStatus.QUEUED.value, RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value)
+FINAL_STATUSES = (RequestStatus.COMPLETED.value, RequestStatus.ERROR.value, RequestStatus.CANCELED.value)
+_ACTIVE = and_(jobs.c.kind == EVAL_KIND, jobs.c.status == RUNNING_JOB)
+# What the coordinator and the parsers read of a job's requests.
+_PARSE_COLUMNS = (
+    requests.c.id,
+    requests.c.status,
+    requests.c.trace,
+    requests.c.raw_output,
+    requests.c.attempts,
+    requests.c.last_status_code,
+    requests.c.error_code,
+    requests.c.error_message,
+    requests.c.created_at,
+    requests.c.completed_at,
+    requests.c.parsed_at,
+)
+_DERIVED = ("reasoning", "verdict_text", "parsed_verdict", "parse_error")
+_OPINION_FIELDS = ("score", "argument", "cited_evidence", "request_id", "parse_error")
+
+
+class TriggerRefused(Exception):
+    """A trigger refused before anything was written: at capacity, or the day's budget spent."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Staged:
+    job_id: str
+    created: bool  # False: the job id was triggered before, nothing was added
+    requests: int  # the job's requests (new or, when not created, already there)
+
+
+class JobQueries:
+    """Mixed into `Store`; needs `engine`, `dialect` and `enqueue_in` (QueueQueries)."""
+
+    engine: Engine
+    dialect: Dialect
+
+    enqueue_in: Callable[..., EnqueueResult]
+
+    # -- trigger ---------------------------------------------------------------
+
+    def stage_job(
+        self, job: dict[str, Any], rows: list[dict[str, Any]], *, capacity: int, daily_budget: float | None
+    ) -> Staged:
+        """Write the job and its requests at once, or refuse with nothing written."""
+        with self.engine.begin() as conn:
+            self.dialect.serialize_claimers(conn)
+            if conn.execute(select(jobs.c.id).where(jobs.c.id == job["id"])).first() is not None:
+                count = conn.execute(select(func.count()).where(requests.c.job_id == job["id"])).scalar_one()
+                return Staged(job["id"], False, int(count))
+            active = int(conn.execute(select(func.count()).select_from(jobs).where(_ACTIVE)).scalar_one())
+            if active >= capacity:
+                raise TriggerRefused(
+                    "at_capacity", f"Cannot trigger: at capacity ({active} active jobs, limit is {capacity})"
+                )
+            if daily_budget is not None:
+                spent = spent_today(conn)
+                if spent >= daily_budget:
+                    raise TriggerRefused(
+                        "budget_exhausted",
+                        f"Cannot trigger: budget exhausted (${spent:.2f} of ${daily_budget:.2f} spent today)",
+                    )
+            conn.execute(
+                jobs.insert().values(
+                    **job, kind=EVAL_KIND, status=RUNNING_JOB, phase="staged", created_at=db_now(), updated_at=db_now()
+                )
+            )
+            self.enqueue_in(conn, rows)
+        return Staged(job["id"], True, len(rows))
+
+    def add_job_requests(self, rows: list[dict[str, Any]]) -> int:
+        """Gap-filling requests of a running job (idempotent keys: a repeat adds nothing)."""
+        with self.engine.begin() as conn:
+            self.dialect.serialize_claimers(conn)
+            return int(self.enqueue_in(conn, rows).inserted)
+
+    # -- reading ---------------------------------------------------------------
+
+    def active_jobs(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(select(jobs).where(_ACTIVE).order_by(jobs.c.created_at))]
+
+    def active_job_count(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(jobs).where(_ACTIVE)).scalar_one())
+
+    def has_active_jobs(self) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(select(jobs.c.id).where(_ACTIVE).limit(1)).first() is not None
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            return dict(row._mapping) if row is not None else None
+
+    def job_progress(self, job_id: str) -> dict[str, Any]:
+        """Requests done/total, open and running, and the job's spend so far."""
+        c = requests.c
+        done = func.sum(case((c.status.in_(FINAL_STATUSES), 1), else_=0))
+        running = func.sum(case((c.status == RequestStatus.RUNNING.value, 1), else_=0))
+        with self.engine.connect() as conn:
+            row = conn.execute(select(func.count(), done, running).where(c.job_id == job_id)).one()
+            spent = job_spent(conn, job_id)
+        total, finished, in_flight = (int(x or 0) for x in row)
+        return {"total": total, "done": finished, "open": total - finished, "running": in_flight, "spent_usd": spent}
+
+    def job_requests(self, job_id: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            query = select(*_PARSE_COLUMNS).where(requests.c.job_id == job_id).order_by(requests.c.id)
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    def cheapest_waiting(self, job_id: str) -> float | None:
+        """The smallest estimate among the job's queued requests (None: none waits, or none priced)."""
+        c = requests.c
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                select(func.min(c.estimate_usd)).where(c.job_id == job_id, c.status == RequestStatus.QUEUED.value)
+            ).scalar_one()
+        return None if found is None else float(found)
+
+    def job_spend(self, job_id: str) -> float:
+        with self.engine.connect() as conn:
+            return job_spent(conn, job_id)
+
+    def spend_today(self) -> float:
+        with self.engine.connect() as conn:
+            return spent_today(conn)
+
+    def live_daemons(self, within_s: float) -> int:
+        """Daemons whose heartbeat is younger than `within_s` (a lease): is anyone working?"""
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(select(func.count()).where(workers.c.heartbeat_at > db_now_plus(-within_s))).scalar_one()
+            )
+
+    def opinions(self, job_id: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            query = select(opinions).where(opinions.c.job_id == job_id).order_by(opinions.c.id)
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    # -- advancing -------------------------------------------------------------
+
+    def set_job_phase(self, job_id: str, phase: str, *, starting: bool = False) -> bool:
+        """Move a running job to `phase`; `starting` only from `staged` (True: this call started it)."""
+        where = [jobs.c.id == job_id, jobs.c.status == RUNNING_JOB]
+        values: dict[str, Any] = {"phase": phase, "updated_at": db_now()}
+        if starting:
+            where.append(jobs.c.phase == "staged")
+            values["started_at"] = db_now()
+        with self.engine.begin() as conn:
+            return bool(conn.execute(update(jobs).where(*where).values(**values)).rowcount)
+
+    def end_job(self, job_id: str, status: JobStatus, error: str | None = None) -> bool:
+        with self.engine.begin() as conn:
+            return self._end_job_in(conn, job_id, status, error)
+
+    def _end_job_in(self, conn: Connection, job_id: str, status: JobStatus, error: str | None) -> bool:
+        ended = conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.status == RUNNING_JOB)
+            .values(status=status.value, phase=status.value, error=error, completed_at=db_now(), updated_at=db_now())
+        ).rowcount
+        return bool(ended)
+
+    def save_parse(
+        self,
+        job_id: str,
+        derived: dict[int, dict[str, Any]],
+        new_opinions: list[dict[str, Any]],
+        *,
+        overwrite: bool = False,
+    ) -> tuple[set[int], list[dict[str, Any]]]:
+        """Write derived fields beside raw output and the opinions that are now known, in one transaction.
+
+        Returns the requests parsed for the first time and the opinions inserted (as
+        given): the caller logs warnings and errors for those only. With `overwrite`
+        (`ledger reparse`) every derived field and opinion is recomputed in place.
+        """
+        c = requests.c
+        first_parsed: set[int] = set()
+        inserted: list[dict[str, Any]] = []
+        with self.engine.begin() as conn:
+            self.dialect.serialize_claimers(conn)
+            for request_id, fields in derived.items():
+                where = [c.id == request_id] if overwrite else [c.id == request_id, c.parsed_at.is_(None)]
+                values = {name: fields.get(name) for name in _DERIVED}
+                if conn.execute(update(requests).where(*where).values(**values, parsed_at=db_now())).rowcount:
+                    first_parsed.add(request_id)
+            for opinion in new_opinions:
+                row = {"job_id": job_id, **{k: opinion.get(k) for k in ("agent", "dimension", *_OPINION_FIELDS)}}
+                if overwrite:
+                    stmt = self.dialect.upsert(
+                        opinions,
+                        ["job_id", "agent", "dimension"],
+                        {"job_id": job_id, "agent": opinion["agent"], "dimension": opinion["dimension"]},
+                        {name: opinion.get(name) for name in _OPINION_FIELDS},
+                    )
+                    conn.execute(stmt)
+                    continue
+                stmt = self.dialect.insert_ignore(opinions, ["job_id", "agent", "dimension"]).values(
+                    **row, created_at=db_now()
+                )
+                if conn.execute(stmt).rowcount:
+                    inserted.append(opinion)
+            errors = [o["error_line"] for o in inserted if o.get("error_line")]
+            if errors:
+                current = conn.execute(select(jobs.c.errors).where(jobs.c.id == job_id)).scalar_one_or_none() or []
+                conn.execute(update(jobs).where(jobs.c.id == job_id).values(errors=[*current, *errors]))
+        return first_parsed, inserted
+
+    def fail_job_for_budget(self, job_id: str, why: str) -> bool:
+        """The job's own budget cannot pay for what waits: its queued requests end, the job fails."""
+        c = requests.c
+        with self.engine.begin() as conn:
+            self.dialect.serialize_claimers(conn)
+            conn.execute(
+                update(requests)
+                .where(c.job_id == job_id, c.status == RequestStatus.QUEUED.value)
+                .values(
+                    status=RequestStatus.CANCELED.value,
+                    error_code="budget_exhausted",
+                    error_message=why,
+                    completed_at=db_now(),
+                    updated_at=db_now(),
+                )
+            )
+            return self._end_job_in(conn, job_id, JobStatus.FAILED, why)
+
+    def cancel_job(self, job_id: str) -> bool:
+        """The job ends `canceled` (its requests are canceled by `cancel(job_id=...)`)."""
+        with self.engine.begin() as conn:
+            return self._end_job_in(conn, job_id, JobStatus.CANCELED, "canceled by the operator")

@@ -1,0 +1,201 @@
+"""Evaluation jobs end to end on both databases: the real OpenAI SDK against the mock server."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.mock_provider import RunningMockProvider, running_mock_provider
+from adapters.mock_provider.answers import chat_answer
+from ledger.evaluation import FAILED_ARGUMENT
+from ledger.jobs import TriggerRefused, reparse, trigger
+from ledger.parsing import parse_verdict
+from ledger.settings import Settings
+from ledger.spec import JobSpec, load_spec, spec_from_mapping
+from ledger.store import Store
+from tests.integration.batch_helpers import batch_settings, run
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "eval" / "spec.toml"
+
+
+@pytest.fixture
+def mock() -> Iterator[RunningMockProvider]:
+    with running_mock_provider() as server:
+        yield server
+
+
+def small_spec(job_id: str, *, system: str = "You are a careful judge.", dims: int = 10, **top: Any) -> JobSpec:
+    data: dict[str, Any] = {
+        "id": job_id,
+        "artifact": {"text": "def add(a, b):\n    return a - b\n"},
+        "agents": [{"name": "judge", "provider": "openai", "model": "gpt-4o-mini", "system": system}],
+        "dimensions": [
+            {"id": f"d{i:02d}", "name": f"Dimension {i}", "instruction": f"Rate aspect {i}."} for i in range(dims)
+        ],
+        **top,
+    }
+    return spec_from_mapping(data, source="test", base_dir=Path("."), default_id=job_id)
+
+
+def expected_scores(store: Store, job_id: str) -> dict[tuple[str, str], int | None]:
+    """What the mock answers each single-dimension request, parsed: computed, not hard-coded."""
+    found = {}
+    for row in store.list_requests(job_id=job_id, limit=1000):
+        full = store.get_request(row["id"])
+        assert full is not None
+        trace = full["trace"]
+        if trace["mode"] != "single":
+            continue
+        answer = chat_answer(full["model"], full["input"]["system"], full["input"]["messages"], None)
+        found[(trace["agent"], trace["dimension"])] = parse_verdict(answer.text).score
+    return found
+
+
+class Captured(logging.Handler):
+    """Every event line the ledger logs during a test (whatever logging set-up ran before)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    logger, handler = logging.getLogger("ledger.events"), Captured()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def logged(captured: Captured, event: str) -> list[dict[str, Any]]:
+    """The fields of every `event` line the ledger logged."""
+    return [
+        fields
+        for record in captured.records
+        if (fields := getattr(record, "event_fields", None)) is not None and fields.get("event") == event
+    ]
+
+
+def opinion_map(store: Store, job_id: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["agent"], o["dimension"]): o for o in store.opinions(job_id)}
+
+
+def test_example_spec_per_dimension_end_to_end(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock)
+    spec = load_spec(EXAMPLE)
+    store = Store(db_url)
+    staged = trigger(store, settings, spec)
+    assert (staged.created, staged.requests) == (True, 30)
+    again = trigger(store, settings, spec)
+    assert (again.created, again.requests) == (False, 30)  # re-triggering adds nothing
+    run(settings)
+    job = store.get_job(spec.id)
+    assert job is not None and job["status"] == "completed" and not job["errors"]
+    opinions = opinion_map(store, spec.id)
+    assert len(opinions) == 30
+    expected = expected_scores(store, spec.id)
+    assert {k: o["score"] for k, o in opinions.items()} == expected
+    assert all(score is not None for score in expected.values())
+    assert mock.stats()["calls"] == 30
+    # Derived fields sit beside the raw output, which is kept as it came.
+    request = store.get_request(next(iter(opinions.values()))["request_id"])
+    assert request is not None and request["raw_output"].rstrip().endswith(request["verdict_text"])
+    assert request["parsed_verdict"] == next(iter(opinions.values()))["score"] and request["parsed_at"] is not None
+
+
+def test_structured_batching_three_requests(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock, BATCHING_ENABLED=True)
+    spec = load_spec(EXAMPLE)
+    store = Store(db_url)
+    assert trigger(store, settings, spec).requests == 3
+    run(settings)
+    assert store.get_job(spec.id)["status"] == "completed"  # type: ignore[index]
+    opinions = opinion_map(store, spec.id)
+    assert len(opinions) == 30 and mock.stats()["calls"] == 3
+    for row in store.list_requests(job_id=spec.id):
+        full = store.get_request(row["id"])
+        assert full is not None
+        answer = json.loads(
+            chat_answer(full["model"], full["input"]["system"], full["input"]["messages"], full["response_format"]).text
+        )
+        for entry in answer["evaluations"]:
+            assert opinions[(full["trace"]["agent"], entry["criterion_id"])]["score"] == entry["score"]
+
+
+def test_partial_structured_answer_retries_only_the_missing(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock, BATCHING_ENABLED=True)
+    store = Store(db_url)
+    trigger(store, settings, small_spec("partial", system="Judge. [[mock:omit=2]]"))
+    run(settings)
+    singles = [r for r in store.list_requests(job_id="partial") if r["idempotency_key"] != "partial:judge:*"]
+    assert [r["idempotency_key"] for r in singles] == ["partial:judge:d08", "partial:judge:d09"]
+    assert len(opinion_map(store, "partial")) == 10
+    assert store.get_job("partial")["status"] == "completed"  # type: ignore[index]
+
+
+def test_corrupt_entry_is_logged_and_retried_alone(
+    db_url: str, mock: RunningMockProvider, captured: Captured
+) -> None:
+    settings = batch_settings(db_url, mock, BATCHING_ENABLED=True)
+    store = Store(db_url)
+    trigger(store, settings, small_spec("corrupt", system="Judge. [[mock:corrupt=1]]"))
+    run(settings)
+    rejected = logged(captured, "entry_rejected")
+    assert len(rejected) == 1
+    assert rejected[0]["level"] == "WARNING" and '"criterion_id":"d00"' in rejected[0]["raw"]
+    keys = [r["idempotency_key"] for r in store.list_requests(job_id="corrupt")]
+    singles = [key for key in keys if not key.endswith("*")]
+    assert singles == ["corrupt:judge:d00"]
+    assert len(opinion_map(store, "corrupt")) == 10
+
+
+def test_persistent_failure_gives_a_failed_opinion_and_the_job_completes(
+    db_url: str, mock: RunningMockProvider, captured: Captured
+) -> None:
+    settings = batch_settings(db_url, mock)
+    store = Store(db_url)
+    trigger(store, settings, small_spec("failing", system="Judge. [[mock:fail=503x*]]", dims=2))
+    run(settings)
+    job = store.get_job("failing")
+    assert job is not None and job["status"] == "completed" and len(job["errors"]) == 2
+    for opinion in opinion_map(store, "failing").values():
+        assert opinion["score"] is None
+        assert opinion["argument"] == FAILED_ARGUMENT.format(n=settings.retry_max_attempts)
+    failed = logged(captured, "evaluation_failed")
+    assert sorted(f["dimension"] for f in failed) == ["d00", "d01"]
+    assert all(f["status_code"] == 503 and f["agent"] == "judge" and f["elapsed_s"] >= 0 for f in failed)
+
+
+def test_reparse_reproduces_opinions_without_calls(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock, BATCHING_ENABLED=True)
+    store = Store(db_url)
+    trigger(store, settings, small_spec("again", system="Judge. [[mock:omit=3]]"))
+    run(settings)
+    before = {k: (o["score"], o["argument"], o["request_id"]) for k, o in opinion_map(store, "again").items()}
+    calls = mock.stats()["calls"]
+    assert reparse(store, "again") == 10
+    after = {k: (o["score"], o["argument"], o["request_id"]) for k, o in opinion_map(store, "again").items()}
+    assert after == before and mock.stats()["calls"] == calls
+
+
+def test_capacity_and_budget_refusals(db_url: str, mock: RunningMockProvider) -> None:
+    settings: Settings = batch_settings(db_url, mock, LEDGER_JOB_CAPACITY=1)
+    store = Store(db_url)
+    trigger(store, settings, small_spec("first", dims=1))
+    with pytest.raises(TriggerRefused, match=r"^Cannot trigger: at capacity \(1 active jobs, limit is 1\)$"):
+        trigger(store, settings, small_spec("second", dims=1))
+    assert store.get_job("second") is None and not store.list_requests(job_id="second")
+    broke = batch_settings(db_url, mock, LEDGER_DAILY_BUDGET_USD=0)
+    with pytest.raises(TriggerRefused, match=r"^Cannot trigger: budget exhausted \(\$0\.00 of \$0\.00 spent today\)$"):
+        trigger(store, broke, small_spec("third", dims=1))
