@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -11,7 +13,12 @@ import anyio
 from ledger import events
 from ledger.enqueue import RequestSpec, build_spec, to_row
 from ledger.settings import Settings, load_settings
+from ledger.spec import JobSpec, load_spec, spec_from_mapping
 from ledger.store import EnqueueResult, Store
+from ledger.store.jobs import Staged
+
+# Back-off while waiting for results: first look soon, then settle at one read a second.
+_FIRST_POLL_S, _MAX_POLL_S = 0.05, 1.0
 
 
 class Ledger:
@@ -54,6 +61,79 @@ class Ledger:
     async def aenqueue_many(self, specs: Iterable[RequestSpec]) -> EnqueueResult:
         specs = list(specs)
         return await anyio.to_thread.run_sync(lambda: self.enqueue_many(specs))
+
+    # -- evaluation jobs -------------------------------------------------------
+
+    def trigger(self, spec: JobSpec | str | Path | Mapping[str, Any]) -> Staged:
+        """Stage an evaluation job (a spec, a TOML path, or a dict in the spec's shape).
+
+        Raises `SpecError` for a bad spec and `TriggerRefused` at capacity or when
+        today's budget is spent; re-triggering a job id adds nothing.
+        """
+        from ledger.jobs import trigger
+
+        if isinstance(spec, str | Path):
+            spec = load_spec(spec)
+        elif not isinstance(spec, JobSpec):
+            spec = spec_from_mapping(spec, source="spec", base_dir=Path.cwd(), default_id="job")
+        return trigger(self.store, self.settings, spec)
+
+    async def atrigger(self, spec: JobSpec | str | Path | Mapping[str, Any]) -> Staged:
+        return await anyio.to_thread.run_sync(lambda: self.trigger(spec))
+
+    def wait(self, target: Sequence[int] | str, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Block until every request (ids, or all of a job id's) is settled; return their rows.
+
+        Settled: final (completed, error, canceled) and, for a request of an active
+        evaluation job, parsed. Polls the ledger with back-off, so any process on
+        the same database can wait for work done by any daemon. Raises TimeoutError.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = _FIRST_POLL_S
+        while True:
+            rows, settled = self._results(target)
+            if settled:
+                return rows
+            _check_deadline(deadline, rows, target)
+            time.sleep(_sleep_for(delay, deadline))
+            delay = min(delay * 2, _MAX_POLL_S)
+
+    async def await_results(self, target: Sequence[int] | str, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """`wait` for async stages: the event loop runs on while the ledger is polled."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = _FIRST_POLL_S
+        while True:
+            rows, settled = await anyio.to_thread.run_sync(self._results, target)
+            if settled:
+                return rows
+            _check_deadline(deadline, rows, target)
+            await anyio.sleep(_sleep_for(delay, deadline))
+            delay = min(delay * 2, _MAX_POLL_S)
+
+    def _results(self, target: Sequence[int] | str) -> tuple[list[dict[str, Any]], bool]:
+        if isinstance(target, str):
+            rows = self.store.request_results(job_id=target)
+            job = self.store.get_job(target)
+            job_over = job is None or job["kind"] != "eval" or job["status"] != "running"
+            settled = job_over and all(r["settled"] for r in rows)
+        else:
+            rows = self.store.request_results(ids=list(target))
+            if len(rows) != len(set(target)):
+                missing = sorted(set(target) - {r["id"] for r in rows})
+                raise LookupError(f"no request with id {missing[0]}")
+            settled = all(r["settled"] for r in rows)
+        return rows, settled
+
+
+def _check_deadline(deadline: float | None, rows: list[dict[str, Any]], target: Sequence[int] | str) -> None:
+    if deadline is not None and time.monotonic() >= deadline:
+        waiting = sum(1 for r in rows if not r["settled"])
+        what = f"job {target!r}" if isinstance(target, str) else f"{len(rows)} request(s)"
+        raise TimeoutError(f"{what}: {waiting} request(s) not settled yet")
+
+
+def _sleep_for(delay: float, deadline: float | None) -> float:
+    return delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
 
 
 def announce(result: EnqueueResult) -> None:

@@ -29,6 +29,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
 @app.command()
 def migrate() -> None:
     """Upgrade the database at LEDGER_DATABASE_URL to the latest schema (safe to repeat)."""
@@ -402,7 +404,8 @@ def demo(
     limit: Annotated[int, typer.Option(help="MAX_CONCURRENT_LLM_CALLS for the run.")] = 5,
     latency: Annotated[float, typer.Option(help="Mock provider seconds per call.")] = 0.3,
 ) -> None:
-    """Run the seed case keyless: 3 agents x 10 dimensions against the mock provider, limit 5."""
+    """Run the example evaluation job keyless: 3 judges x 10 dimensions against the mock provider, limit 5."""
+    from ledger.cli_jobs import print_scores
     from ledger.demo import run_demo
 
     with operator_errors():
@@ -417,8 +420,10 @@ def demo(
         f"{summary['wall_s']:.2f}s",
     )
     out.print(table)
+    settings = settings_or_exit(LEDGER_DATABASE_URL=f"sqlite:///{summary['database']}")
+    print_scores(open_store(settings), summary["job_id"])
     out.print(
-        f"ledger: {summary['database']}  (try: ledger requests, ledger show 1, ledger export)",
+        f"ledger: {summary['database']}  (try: ledger report {summary['job_id']}, ledger requests, ledger show 1)",
         highlight=False,
     )
 

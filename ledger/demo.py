@@ -1,8 +1,9 @@
-"""`ledger demo`: the seed case, keyless, start to finish.
+"""`ledger demo`: the example evaluation job, keyless, start to finish.
 
-3 agents x 10 dimensions, one request each, through the real OpenAI SDK to the
-mock provider (which injects a few 503s so retries show), on a fresh SQLite
-ledger, daemon limit 5. The JSON event log goes to a file beside the ledger.
+`examples/eval/spec.toml` (3 judges x 10 dimensions over a small artifact), one
+request each, through the real OpenAI SDK to the mock provider (which injects a
+few 503s so retries show), on a fresh SQLite ledger, daemon limit 5; then the
+parsed verdicts become 30 opinions. The JSON event log goes to a file beside the ledger.
 """
 
 from __future__ import annotations
@@ -16,28 +17,11 @@ import anyio
 from adapters.mock_provider import MockProviderConfig, running_mock_provider
 from ledger.api import Ledger
 from ledger.daemon import run_daemon
-from ledger.enqueue import build_spec
 from ledger.events import configure_logging
 from ledger.settings import load_settings
 
-AGENTS = ("prosecutor", "defense", "judge")
-DIMENSIONS = tuple(f"criterion-{i:02d}" for i in range(1, 11))
-
-
-def seed_case_specs(provider: str = "openai", model: str = "gpt-4o-mini", job_id: str = "demo") -> list[Any]:
-    return [
-        build_spec(
-            provider=provider,
-            model=model,
-            job_id=job_id,
-            idempotency_key=f"{job_id}:{agent}:{dim}",
-            system=f"You are the {agent}. Reason step by step, then give a final line 'VERDICT: <1-5>'.",
-            messages=[{"role": "user", "content": f"Evaluate the submission on {dim}."}],
-            trace={"agent": agent, "dimension": dim, "experiment": job_id},
-        )
-        for agent in AGENTS
-        for dim in DIMENSIONS
-    ]
+# The example job users read first; the demo runs exactly it.
+EXAMPLE_SPEC = Path(__file__).resolve().parents[1] / "examples" / "eval" / "spec.toml"
 
 
 def run_demo(workdir: Path, *, limit: int = 5, latency: float = 0.3) -> dict[str, Any]:
@@ -58,7 +42,7 @@ def run_demo(workdir: Path, *, limit: int = 5, latency: float = 0.3) -> dict[str
             OPENAI_API_KEY="demo-key-not-secret",
         )
         with Ledger(settings=settings) as ledger:
-            ledger.enqueue_many(seed_case_specs())
+            job_id = ledger.trigger(EXAMPLE_SPEC).job_id
             started = time.monotonic()
             anyio.run(lambda: run_daemon(settings, until_idle=True))
             wall = time.monotonic() - started
@@ -71,6 +55,7 @@ def run_demo(workdir: Path, *, limit: int = 5, latency: float = 0.3) -> dict[str
         "retries": attempts - sum(counts.values()),
         "max_in_flight": stats["max_in_flight"],
         "wall_s": wall,
+        "job_id": job_id,
         "database": str(database),
         "log": str(log_path),
     }

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, func, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import Job, JobStatus, Opinion, RequestStatus
@@ -47,6 +47,25 @@ _PARSE_COLUMNS = (
     requests.c.created_at,
     requests.c.completed_at,
     requests.c.parsed_at,
+)
+_RESULT_COLUMNS = (
+    requests.c.id,
+    requests.c.idempotency_key,
+    requests.c.job_id,
+    requests.c.status,
+    requests.c.trace,
+    requests.c.raw_output,
+    requests.c.reasoning,
+    requests.c.verdict_text,
+    requests.c.parsed_verdict,
+    requests.c.parse_error,
+    requests.c.error_code,
+    requests.c.error_message,
+    requests.c.attempts,
+    requests.c.input_tokens,
+    requests.c.output_tokens,
+    requests.c.cost_usd,
+    requests.c.completed_at,
 )
 _DERIVED = ("reasoning", "verdict_text", "parsed_verdict", "parse_error")
 _OPINION_FIELDS = ("score", "argument", "cited_evidence", "request_id", "parse_error")
@@ -170,6 +189,20 @@ class JobQueries:
             return int(
                 conn.execute(select(func.count()).where(workers.c.heartbeat_at > db_now_plus(-within_s))).scalar_one()
             )
+
+    def request_results(self, *, ids: list[int] | None = None, job_id: str | None = None) -> list[dict[str, Any]]:
+        """Each request's outcome and derived fields, with `settled`: final, and parsed if its job
+        will parse it (a completed request of an active evaluation job is settled once parsed)."""
+        c = requests.c
+        in_active_job = select(jobs.c.id).where(jobs.c.id == c.job_id, _ACTIVE).exists()
+        settled = and_(
+            c.status.in_(FINAL_STATUSES),
+            or_(c.status != RequestStatus.COMPLETED.value, c.parsed_at.is_not(None), ~in_active_job),
+        )
+        query = select(*_RESULT_COLUMNS, case((settled, True), else_=False).label("settled")).order_by(c.id)
+        query = query.where(c.id.in_(ids)) if ids is not None else query.where(c.job_id == job_id)
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
 
     def opinions(self, job_id: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:

@@ -23,6 +23,9 @@ COMMANDS = [
     "daemon",
     "mock-provider",
     "demo",
+    "eval",
+    "report",
+    "reparse",
 ]
 
 
@@ -45,6 +48,10 @@ def test_demo_runs_the_seed_case_within_the_limit(tmp_path: Path) -> None:
     completed, errors, _retries, max_in_flight = map(int, row.groups())
     assert (completed, errors, max_in_flight) == (30, 0, 5)
     assert (tmp_path / "ledger-demo" / "ledger.db").exists()
+    # The example job's scores: 10 dimension rows, a score from each of the 3 judges.
+    assert "example-eval: completed" in result.stdout
+    scored = re.findall(r"│ [a-z_]+\s*│\s*([1-5])\s*│\s*([1-5])\s*│\s*([1-5])\s*│", result.stdout)
+    assert len(scored) == 10, result.stdout
 
 
 def test_help_reads_well_for_every_command() -> None:

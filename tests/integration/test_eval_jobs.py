@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from adapters.mock_provider.answers import chat_answer
+from ledger.api import Ledger
 from ledger.evaluation import FAILED_ARGUMENT
 from ledger.jobs import TriggerRefused, reparse, trigger
 from ledger.parsing import parse_verdict
@@ -144,9 +147,7 @@ def test_partial_structured_answer_retries_only_the_missing(db_url: str, mock: R
     assert store.get_job("partial")["status"] == "completed"  # type: ignore[index]
 
 
-def test_corrupt_entry_is_logged_and_retried_alone(
-    db_url: str, mock: RunningMockProvider, captured: Captured
-) -> None:
+def test_corrupt_entry_is_logged_and_retried_alone(db_url: str, mock: RunningMockProvider, captured: Captured) -> None:
     settings = batch_settings(db_url, mock, BATCHING_ENABLED=True)
     store = Store(db_url)
     trigger(store, settings, small_spec("corrupt", system="Judge. [[mock:corrupt=1]]"))
@@ -199,3 +200,30 @@ def test_capacity_and_budget_refusals(db_url: str, mock: RunningMockProvider) ->
     broke = batch_settings(db_url, mock, LEDGER_DAILY_BUDGET_USD=0)
     with pytest.raises(TriggerRefused, match=r"^Cannot trigger: budget exhausted \(\$0\.00 of \$0\.00 spent today\)$"):
         trigger(store, broke, small_spec("third", dims=1))
+
+
+def test_python_api_trigger_then_wait_from_another_thread(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock)
+    data = {
+        "id": "api",
+        "artifact": {"text": "print('hi')"},
+        "agents": [{"name": "judge", "provider": "openai", "model": "gpt-4o-mini", "system": "Judge."}],
+        "dimensions": [{"id": "clarity", "name": "Clarity", "instruction": "Is it clear?"}],
+    }
+    with Ledger(settings=settings) as ledger:
+        assert ledger.trigger(data).created
+        with pytest.raises(TimeoutError, match="job 'api': 1 request"):
+            ledger.wait("api", timeout=0.2)  # no daemon: nothing moves
+        daemon = threading.Thread(target=run, args=(settings,))
+        daemon.start()
+        rows = ledger.wait("api", timeout=60)
+        daemon.join()
+        assert [r["status"] for r in rows] == ["completed"]
+        assert rows[0]["parsed_verdict"] == store_score(ledger.store, "api") and rows[0]["reasoning"]
+        again = anyio.run(lambda: ledger.await_results([rows[0]["id"]], timeout=5))
+        assert again == rows
+
+
+def store_score(store: Store, job_id: str) -> int | None:
+    (opinion,) = store.opinions(job_id)
+    return opinion["score"]  # type: ignore[no-any-return]
