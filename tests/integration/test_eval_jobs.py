@@ -227,3 +227,17 @@ def test_python_api_trigger_then_wait_from_another_thread(db_url: str, mock: Run
 def store_score(store: Store, job_id: str) -> int | None:
     (opinion,) = store.opinions(job_id)
     return opinion["score"]  # type: ignore[no-any-return]
+
+
+def test_a_job_whose_budget_cannot_pay_ends_failed_and_others_go_on(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock)
+    store = Store(db_url)
+    # gpt-4o-mini's worst case with max_tokens unset (4096 output tokens) is ~$0.0025 a request.
+    trigger(store, settings, small_spec("poor", dims=3, budget_usd=0.001))
+    trigger(store, settings, small_spec("rich", dims=3))
+    run(settings)
+    poor, rich = store.get_job("poor"), store.get_job("rich")
+    assert poor is not None and poor["status"] == "failed" and poor["error"].startswith("budget exhausted")
+    assert {r["status"] for r in store.list_requests(job_id="poor")} == {"canceled"}
+    assert rich is not None and rich["status"] == "completed" and len(store.opinions("rich")) == 3
+    assert mock.stats()["calls"] == 3  # nothing was spent on the poor job
