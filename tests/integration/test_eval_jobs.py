@@ -241,3 +241,15 @@ def test_a_job_whose_budget_cannot_pay_ends_failed_and_others_go_on(db_url: str,
     assert {r["status"] for r in store.list_requests(job_id="poor")} == {"canceled"}
     assert rich is not None and rich["status"] == "completed" and len(store.opinions("rich")) == 3
     assert mock.stats()["calls"] == 3  # nothing was spent on the poor job
+
+
+def test_a_batch_delivery_job_goes_through_one_provider_batch(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock)
+    store = Store(db_url)
+    trigger(store, settings, small_spec("viabatch", dims=4, delivery="batch"))
+    run(settings)
+    assert store.get_job("viabatch")["status"] == "completed"  # type: ignore[index]
+    opinions = opinion_map(store, "viabatch")
+    assert {k: o["score"] for k, o in opinions.items()} == expected_scores(store, "viabatch")
+    assert mock.stats()["batch_creates"] == {"openai": 1} and mock.stats()["calls"] == 0
+    assert all(r["cost_usd"] for r in store.request_results(job_id="viabatch"))
