@@ -74,9 +74,15 @@ _EXPECTED_STATUS = {
     "retry_release": QUEUED,
 }
 
+# Fenced like the request row: only a `running` attempt is closed by its call's outcome. One
+# a takeover already marked `lost` stays lost, so the audit keeps the takeover (issue 12).
 _FINISH_ATTEMPT = (
     update(attempts)
-    .where(attempts.c.request_id == bindparam("b_id"), attempts.c.attempt == bindparam("b_attempt"))
+    .where(
+        attempts.c.request_id == bindparam("b_id"),
+        attempts.c.attempt == bindparam("b_attempt"),
+        attempts.c.outcome == AttemptOutcome.RUNNING.value,
+    )
     .values(latency_ms=bindparam("b_latency"), **ATTEMPT_END)
 )
 

@@ -293,3 +293,18 @@ def test_a_renewal_given_up_on_never_lands_later(pg_url: str) -> None:
     assert store.renew_leases("w", 600, [key], wait_at_most=5) == [key]
     store.close()
     blocker.close()
+
+
+def test_a_late_outcome_does_not_rewrite_the_attempt_a_takeover_marked_lost(store: Store) -> None:
+    """Issue 12: the attempt row is fenced like the request row. A worker frozen past its lease
+    comes back with an answer: the takeover's `lost` attempt stays lost, the new owner's stays its own."""
+    add(store, 1)
+    (stale,) = claim(store, "frozen", lease=-1).requests  # its lease has already run out
+    (fresh,) = claim(store, "taker").requests  # reclaims it (attempt 1 lost) and claims attempt 2
+    assert fresh.id == stale.id and fresh.attempt == 2
+    assert store.record([Completed(stale, stale.attempt, "late answer", 5)]).written == [Written.REFUSED]
+    store.record([Completed(fresh, fresh.attempt, "answer", 5)])
+    row = store.get_request(stale.id)
+    assert row is not None and row["raw_output"] == "answer"
+    outcomes = [(a["attempt"], a["outcome"], a["worker"]) for a in row["attempt_rows"]]
+    assert outcomes == [(1, "lost", "frozen"), (2, "succeeded", "taker")]
