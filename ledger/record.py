@@ -101,6 +101,7 @@ class Recorder:
         self._claim_args = claim_args
         # Per outcome: its event and a one-item box for what became of it (None: never written).
         self._pending: list[tuple[Outcome, anyio.Event, list[Written | None]]] = []
+        self._writing: list[Outcome] = []  # the group whose transaction is under way
         self._wake = anyio.Event()
         self._stopped = False
 
@@ -119,6 +120,16 @@ class Recorder:
         if box[0] is None:
             raise RecorderStopped("the recorder stopped before this outcome was written")
         return box[0]
+
+    def unwritten(self) -> list[tuple[int, int]]:
+        """Leases (request id, token) whose outcomes are in hand but not committed yet.
+
+        A claim that reclaims expired leases must treat these as still worked on: after
+        an outage longer than a lease, the answers are here, and a reclaim before they are
+        written would put their requests back in the queue to be called (and paid) again.
+        """
+        outcomes = [item[0] for item in self._pending] + self._writing
+        return sorted({(o.request.id, o.request.token) for o in outcomes})
 
     def notify_slot_freed(self) -> None:
         """A slot was freed outside a recorded outcome (e.g. given back after a back-off)."""
@@ -148,12 +159,14 @@ class Recorder:
     async def flush(self) -> None:
         while self._pending:
             group, self._pending = self._pending, []
-            outcomes = [item[0] for item in group]
+            outcomes = self._writing = [item[0] for item in group]
             try:
                 recorded = await self._lane.run(self._write, outcomes, any(_frees_slot(o) for o in outcomes))
             except BaseException:
                 self._pending = group + self._pending  # still unwritten: woken as such by run()
                 raise
+            finally:
+                self._writing = []
             pairs = list(zip(outcomes, recorded.written, strict=True))
             freed_here = [
                 o.request for o, w in pairs if w is Written.CANCELED or (w is Written.APPLIED and _frees_slot(o))

@@ -69,16 +69,18 @@ class Scheduler:
         """For the recorder: claim in its transaction unless we are stopping."""
         if self._stopping or self._tg is None or self._stop.is_set():  # no new call after SIGTERM
             return None
-        return {"claim_for": self.worker_id, **self._limits_now()}
+        return {"claim_for": self.worker_id, **self.limits_now()}
 
-    def _limits_now(self) -> dict[str, Any]:
+    def limits_now(self) -> dict[str, Any]:
         """Claim limits, asking for a sweep of expired leases every quarter lease."""
         now = time.monotonic()
         reclaim = now - self._last_reclaim >= self.settings.lease_seconds / 4
         if not reclaim:
             return {**self.limits, "reclaim": False}
         self._last_reclaim = now
-        return {**self.limits, "reclaim": True, "held": self.leases.held()}
+        # Leases in hand include those whose answers wait to be written (issue 12): never reclaimed here.
+        held = sorted(set(self.leases.held()) | set(self.ctx.recorder.unwritten()))
+        return {**self.limits, "reclaim": True, "held": held}
 
     def slot_freed(self, claim: Claim | None = None) -> None:
         """Slots came free. With the claim the recorder made in the same transaction, they are
@@ -112,7 +114,7 @@ class Scheduler:
 
     async def claim_once(self, tg: TaskGroup) -> int:
         # The limits are read at each try (the held leases change while a retry waits).
-        claim = await self.ctx.lane.run(lambda: self.ctx.store.claim(self.worker_id, **self._limits_now()))
+        claim = await self.ctx.lane.run(lambda: self.ctx.store.claim(self.worker_id, **self.limits_now()))
         return self._accept(claim, tg)
 
     def _accept(self, claim: Claim, tg: TaskGroup) -> int:

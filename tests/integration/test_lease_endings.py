@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
@@ -308,3 +309,37 @@ def test_a_late_outcome_does_not_rewrite_the_attempt_a_takeover_marked_lost(stor
     assert row is not None and row["raw_output"] == "answer"
     outcomes = [(a["attempt"], a["outcome"], a["worker"]) for a in row["attempt_rows"]]
     assert outcomes == [(1, "lost", "frozen"), (2, "succeeded", "taker")]
+
+
+def test_a_claim_after_an_outage_does_not_reclaim_rows_whose_answers_wait_to_be_written(
+    db_url: str, store: Store
+) -> None:
+    """Issue 12: after an outage longer than a lease, the daemon's first claim must not put back
+    in the queue (to be called again) the requests whose answers it holds but has not written."""
+    from ledger.executor import CallContext
+    from ledger.record import DbLane, Recorder
+    from ledger.retry import RetryPolicy
+    from ledger.scheduler import Scheduler
+    from ledger.settings import load_settings
+
+    add(store, 1)
+    (answered,) = claim(store, "daemon", lease=-1).requests  # its lease ran out during the outage
+    settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=db_url)
+    lane = DbLane(1.0)
+    recorder = Recorder(store, lane, lambda _claim: None)
+    context = CallContext(store, lane, recorder, RetryPolicy(0, 0, 3), 5.0, settings.prices)
+    scheduler = Scheduler(context, settings, "daemon")
+
+    async def outcome_waiting_then_claim() -> Claim:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(recorder.submit, Completed(answered, answered.attempt, "the answer", 5))
+            await anyio.sleep(0)  # the answer is in hand, not written yet (the recorder waits on the database)
+            claimed = await lane.run(lambda: store.claim("daemon", **scheduler.limits_now()))
+            await recorder.flush()  # the database is back: the answer is written
+        return claimed
+
+    claimed = anyio.run(outcome_waiting_then_claim)
+    assert claimed.reclaimed.requests == [] and claimed.requests == []
+    row = store.get_request(answered.id)
+    assert row is not None and (row["status"], row["raw_output"]) == ("completed", "the answer")
+    assert [a["outcome"] for a in row["attempt_rows"]] == ["succeeded"]
