@@ -8,6 +8,7 @@ at any point resumes at the right attempt number.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +48,21 @@ def stored_call(
     )
 
 
-async def execute(request: ClaimedRequest, adapter: Adapter, ctx: CallContext) -> None:
-    """Drive one request from its claimed attempt to a recorded outcome."""
+async def execute(
+    request: ClaimedRequest, adapter: Adapter, ctx: CallContext, may_call: Callable[[], bool] = lambda: True
+) -> None:
+    """Drive one request from its claimed attempt to a recorded outcome.
+
+    `may_call` is asked right before every call: False (the lease is not known good)
+    means the call is not made; the lease keeper has cut the lease, and the row goes
+    back to the queue when it expires (or is already another daemon's).
+    """
     attempt = request.attempt
     started = time.monotonic()
     call = stored_call(request.model, request.input, request.params, request.response_format)
     while True:
+        if not may_call():
+            return
         t0 = time.monotonic()
         try:
             with anyio.fail_after(ctx.timeout_s):

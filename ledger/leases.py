@@ -56,6 +56,21 @@ class LeaseKeeper:
         no later than the moment the database started it."""
         self._held[key] = leased_at
 
+    def may_call(self, key: Held) -> bool:
+        """Is the lease known good right now? Asked just before each call goes out.
+
+        A daemon frozen (SIGSTOP, a VM pause, swap) between its claim and its call wakes
+        with a lease that may have been taken over; the keeper would cut it off on its
+        next tick, but by then the request could be out and paid for twice. A lease not
+        renewed within LEASE_LAPSE of the lease is cut here instead, before the call.
+        """
+        since = self._held.get(key)
+        if since is not None and time.monotonic() - since < self._lease * LEASE_LAPSE:
+            return True
+        if since is not None:
+            self._cut([key], logging.WARNING, "lease not known good when its call was due: call not made")
+        return False
+
     @contextmanager
     def working_on(self, key: Held) -> Iterator[None]:
         """The executor of a held lease: cancelled if the lease is about to lapse; let go at the end."""

@@ -198,7 +198,7 @@ class Scheduler:
                     request.id, request.agent, request.dimension, None, "config_error", str(exc), request.attempt, 0.0
                 )
             return
-        await execute(request, adapter, self.ctx)
+        await execute(request, adapter, self.ctx, lambda: self.leases.may_call((request.id, request.token)))
 
     async def wait_all_done(self) -> None:
         await self._all_done.wait()

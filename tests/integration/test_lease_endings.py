@@ -343,3 +343,35 @@ def test_a_claim_after_an_outage_does_not_reclaim_rows_whose_answers_wait_to_be_
     row = store.get_request(answered.id)
     assert row is not None and (row["status"], row["raw_output"]) == ("completed", "the answer")
     assert [a["outcome"] for a in row["attempt_rows"]] == ["succeeded"]
+
+
+def test_a_daemon_woken_after_a_freeze_does_not_call_for_a_lease_it_may_have_lost(db_url: str, store: Store) -> None:
+    """Issue 12: frozen between its claim and its call for longer than the lease, a daemon must not
+    send the call when it wakes: another daemon may have taken the request over and answered it."""
+    from adapters.mock import MockAdapter
+    from ledger.executor import CallContext
+    from ledger.record import DbLane, Recorder
+    from ledger.retry import RetryPolicy
+    from ledger.scheduler import Scheduler
+    from ledger.settings import load_settings
+
+    add(store, 1)
+    settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=db_url, LEDGER_LEASE_SECONDS=2)
+    lane = DbLane(1.0)
+    adapter = MockAdapter()
+    recorder = Recorder(store, lane, lambda _claim: None)
+    context = CallContext(store, lane, recorder, RetryPolicy(0, 0, 3), 5.0, settings.prices)
+    scheduler = Scheduler(context, settings, "sleeper", adapters={"mock": adapter})
+    (request,) = claim(store, "sleeper", lease=2).requests
+    # Claimed a whole lease ago, as seen by a process that was stopped since (monotonic time went on).
+    scheduler.leases.hold((request.id, request.token), time.monotonic() - 2.0)
+
+    async def wake_up() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(recorder.run)
+            await scheduler._execute(request)
+            tg.cancel_scope.cancel()
+
+    anyio.run(wake_up)
+    assert adapter.calls == 0
+    assert scheduler.leases.held() == []  # cut: never renewed again; the row goes back when its lease expires
