@@ -61,7 +61,11 @@ async def run_daemon(
     handle_signals: bool = True,
 ) -> DaemonReport:
     worker = worker_id or default_worker_id()
-    store = Store(settings.database_url, ping_on_checkout=False)  # the lane retries dropped connections
+    # The lane retries dropped connections; a session of ours frozen inside a transaction (the
+    # claim lock held) is ended by the server within a quarter lease (at least 1 s), so the
+    # other daemons go on.
+    idle_bound = max(settings.lease_seconds / 4, 1.0)
+    store = Store(settings.database_url, ping_on_checkout=False, idle_in_transaction_s=idle_bound)
     store.pool_probe_seconds = settings.pool_probe_seconds
     lane = DbLane(settings.db_retry_seconds)
     stop = stop or anyio.Event()

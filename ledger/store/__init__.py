@@ -20,9 +20,11 @@ class Store(QueueQueries, BatchQueries, JobQueries, AuditQueries):
     engine: Engine
     dialect: Dialect
 
-    def __init__(self, url: str, *, ping_on_checkout: bool = True) -> None:
+    def __init__(self, url: str, *, ping_on_checkout: bool = True, idle_in_transaction_s: float | None = None) -> None:
         self.url = url
-        self.engine, self.dialect = open_engine(url, ping_on_checkout=ping_on_checkout)
+        self.engine, self.dialect = open_engine(
+            url, ping_on_checkout=ping_on_checkout, idle_in_transaction_s=idle_in_transaction_s
+        )
 
     def has_work(self) -> bool:
         """Anything left for a daemon: online requests queued or in flight, provider batch work,

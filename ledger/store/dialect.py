@@ -190,9 +190,25 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | InterfaceError)
 
 
-def configure_engine(engine: Engine) -> Dialect:
-    """Per-connection set-up; returns the dialect seam for this engine."""
+def configure_engine(engine: Engine, idle_in_transaction_s: float | None = None) -> Dialect:
+    """Per-connection set-up; returns the dialect seam for this engine.
+
+    `idle_in_transaction_s` (PostgreSQL; the daemon sets it): the server ends a session of
+    ours that sits inside a transaction doing nothing for that long, e.g. a daemon frozen
+    while it holds the claim lock, so the other daemons carry on instead of waiting for
+    the freeze to end (the server's own default is to wait forever). SQLite has no such
+    bound: a writer frozen inside its transaction holds the file's only write lock, and
+    the others wait for it (up to their busy timeout, then their lane's retries).
+    """
     name = engine.dialect.name
+    if name == "postgresql" and idle_in_transaction_s:
+        bound_ms = max(1, int(idle_in_transaction_s * 1000))
+
+        @event.listens_for(engine, "connect")
+        def _pg_bound_idle(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.execute(f"SET idle_in_transaction_session_timeout = {bound_ms}")
+            dbapi_conn.commit()
+
     if name == "sqlite":
 
         @event.listens_for(engine, "connect")

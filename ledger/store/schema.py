@@ -86,7 +86,9 @@ LIBPQ_DEAD_HOST_LIMITS = {
 }
 
 
-def make_engine(url: str, *, ping_on_checkout: bool = True) -> tuple[Engine, Dialect]:
+def make_engine(
+    url: str, *, ping_on_checkout: bool = True, idle_in_transaction_s: float | None = None
+) -> tuple[Engine, Dialect]:
     """`ping_on_checkout` tests a pooled PostgreSQL connection before each use, so a long-lived
     process (a stage holding a `Ledger`) survives a server restart unnoticed. The daemon turns
     it off: it retries transactions on a dropped connection anyway (`record.DbLane`), and the
@@ -103,7 +105,7 @@ def make_engine(url: str, *, ping_on_checkout: bool = True) -> tuple[Engine, Dia
         if parsed.get_driver_name() == "psycopg":
             kwargs["connect_args"] = {k: v for k, v in LIBPQ_DEAD_HOST_LIMITS.items() if k not in parsed.query}
     engine = create_engine(normalized, **kwargs)
-    return engine, configure_engine(engine)
+    return engine, configure_engine(engine, idle_in_transaction_s)
 
 
 def _current_revision(conn: Connection) -> str | None:
@@ -137,8 +139,10 @@ def upgrade(engine: Engine) -> bool:
                 conn.commit()
 
 
-def open_engine(url: str, *, ping_on_checkout: bool = True) -> tuple[Engine, Dialect]:
+def open_engine(
+    url: str, *, ping_on_checkout: bool = True, idle_in_transaction_s: float | None = None
+) -> tuple[Engine, Dialect]:
     """An engine on an up-to-date schema."""
-    engine, dialect = make_engine(url, ping_on_checkout=ping_on_checkout)
+    engine, dialect = make_engine(url, ping_on_checkout=ping_on_checkout, idle_in_transaction_s=idle_in_transaction_s)
     upgrade(engine)
     return engine, dialect
