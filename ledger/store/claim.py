@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import AttemptOutcome, Delivery, Job, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
 from ledger.store import pools as pool_state
+from ledger.store.commit import transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus, db_today
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 
@@ -140,7 +141,7 @@ class ClaimQueries:
 
     def claim(self, worker: str, **limits: Any) -> Claim:
         """Take as many due requests as free slots allow, in one serialised transaction."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
             return self._claim_in(conn, worker, **limits)
 
@@ -228,7 +229,7 @@ class ClaimQueries:
 
     def retire_worker(self, worker: str) -> None:
         """A daemon that stops cleanly leaves the registry, so the others' shares grow at once."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             conn.execute(workers.delete().where(workers.c.worker_id == worker))
 
     def renew_leases(
@@ -245,7 +246,7 @@ class ClaimQueries:
         given up on by the caller must not land later and revive leases let go.
         Returns the leases renewed: one held but not returned is no longer ours.
         """
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             if wait_at_most is not None:
                 self.dialect.bound_waits(conn, wait_at_most)
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
@@ -255,7 +256,7 @@ class ClaimQueries:
     def release_worker(self, worker: str, max_attempts: int, why: str | None = None) -> ReleasedRows:
         """Give back every slot held under `worker`: a stopping daemon's cut-off calls, or at start,
         what a previous process with the same worker id left behind (see `_end_leases`)."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             rows = _end_leases(
                 conn,

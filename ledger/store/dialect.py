@@ -31,6 +31,14 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.selectable import Select
 
+# Where a transaction keeps its PostgreSQL transaction id (Connection.info) until it commits.
+XID_KEY = "ledger_xid"
+
+
+class CommitNotApplied(OperationalError):
+    """A COMMIT whose answer was lost, and the server says the transaction did not commit: retry it."""
+
+
 # Any stable 64-bit number: the advisory lock key that serialises claimers.
 CLAIM_LOCK_KEY = 7_391_046_221
 
@@ -102,8 +110,18 @@ class Dialect:
 
     def serialize_claimers(self, conn: Connection) -> None:
         if self.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK_KEY})
+            # The transaction id comes back with the lock, for free: if the COMMIT's answer is
+            # lost, `commit.transaction` asks the server what became of it (`transaction_committed`).
+            xid = conn.execute(
+                text("SELECT pg_advisory_xact_lock(:key), pg_current_xact_id()::text"), {"key": CLAIM_LOCK_KEY}
+            ).one()[1]
+            conn.info[XID_KEY] = xid
         # SQLite: BEGIN IMMEDIATE already holds the only write lock.
+
+    def transaction_committed(self, conn: Connection, xid: str) -> bool:
+        """Did transaction `xid` commit? (PostgreSQL; asked on a new connection after a lost COMMIT.)"""
+        status = conn.execute(text("SELECT pg_xact_status(CAST(:xid AS xid8))"), {"xid": xid}).scalar_one()
+        return bool(status == "committed")
 
     def bound_waits(self, conn: Connection, seconds: float) -> None:
         """Give up this transaction's lock waits and statements after `seconds`. PostgreSQL:
@@ -179,10 +197,13 @@ def is_transient(exc: BaseException) -> bool:
     a missing table, a constraint violation, bad SQL (SQLite reports some of
     those as OperationalError too, hence the check of its message). And not a
     connection lost at COMMIT (no statement running, yet the connection dropped):
-    the server may have committed, and a retry could apply the work twice.
+    the server may have committed, and a retry could apply the work twice, unless
+    `commit.transaction` found out that it did not (`CommitNotApplied`).
     """
     if not isinstance(exc, DBAPIError):
         return False
+    if isinstance(exc, CommitNotApplied):  # a lost COMMIT resolved as not applied: nothing was written
+        return True
     if exc.connection_invalidated:
         return exc.statement is not None
     if isinstance(exc.orig, sqlite3.OperationalError):

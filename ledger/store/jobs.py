@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import Job, JobStatus, Opinion, RequestStatus
 from ledger.store.claim import job_spent, requests, spent_today, workers
+from ledger.store.commit import transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus
 from ledger.store.queue import EnqueueResult
 
@@ -100,7 +101,7 @@ class JobQueries:
         self, job: dict[str, Any], rows: list[dict[str, Any]], *, capacity: int, daily_budget: float | None
     ) -> Staged:
         """Write the job and its requests at once, or refuse with nothing written."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
             if conn.execute(select(jobs.c.id).where(jobs.c.id == job["id"])).first() is not None:
                 count = conn.execute(select(func.count()).where(requests.c.job_id == job["id"])).scalar_one()
@@ -127,7 +128,7 @@ class JobQueries:
 
     def add_job_requests(self, rows: list[dict[str, Any]]) -> int:
         """Gap-filling requests of a running job (idempotent keys: a repeat adds nothing)."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
             return int(self.enqueue_in(conn, rows).inserted)
 
@@ -218,11 +219,11 @@ class JobQueries:
         if starting:
             where.append(jobs.c.phase == "staged")
             values["started_at"] = db_now()
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             return bool(conn.execute(update(jobs).where(*where).values(**values)).rowcount)
 
     def end_job(self, job_id: str, status: JobStatus, error: str | None = None) -> bool:
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             return self._end_job_in(conn, job_id, status, error)
 
     def _end_job_in(self, conn: Connection, job_id: str, status: JobStatus, error: str | None) -> bool:
@@ -250,7 +251,7 @@ class JobQueries:
         c = requests.c
         first_parsed: set[int] = set()
         inserted: list[dict[str, Any]] = []
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
             for request_id, fields in derived.items():
                 where = [c.id == request_id] if overwrite else [c.id == request_id, c.parsed_at.is_(None)]
@@ -282,7 +283,7 @@ class JobQueries:
     def fail_job_for_budget(self, job_id: str, why: str) -> bool:
         """The job's own budget cannot pay for what waits: its queued requests end, the job fails."""
         c = requests.c
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
             conn.execute(
                 update(requests)
@@ -299,5 +300,5 @@ class JobQueries:
 
     def cancel_job(self, job_id: str) -> bool:
         """The job ends `canceled` (its requests are canceled by `cancel(job_id=...)`)."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             return self._end_job_in(conn, job_id, JobStatus.CANCELED, "canceled by the operator")

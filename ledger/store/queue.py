@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 from ledger.models import AttemptOutcome, Delivery, Job, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.claim import ATTEMPT_END, QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
+from ledger.store.commit import transaction
 from ledger.store.dialect import db_now, db_now_plus
 from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater, Written
 
@@ -218,7 +219,7 @@ class QueueQueries(ClaimQueries):
         transaction rolls back, so nothing is half written. Rows are inserted in
         batches so memory stays bounded whatever the size of the input.
         """
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             return self.enqueue_in(conn, rows, batch_size)
 
     def enqueue_in(self, conn: Connection, rows: Iterable[dict[str, Any]], batch_size: int = 1000) -> EnqueueResult:
@@ -281,7 +282,7 @@ class QueueQueries(ClaimQueries):
         is taken *first*, as by every multi-row writer: taken after the row locks,
         it would deadlock with a claimer that holds it and waits for those rows.
         """
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
             conn.execute(_FINISH_ATTEMPT, [_attempt_values(o) for o in outcomes])
             matched = 0
@@ -343,7 +344,7 @@ class QueueQueries(ClaimQueries):
         during the back-off ends the request here (`canceled`). `number` is None
         in those cases, and when the row is no longer ours (taken over while we slept).
         """
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             if pool_state.over_learned_limit(conn, request.endpoint):
                 if self._give_back(conn, request):
                     return NextAttempt(None, self._active(conn), time.time(), yielded=True)
@@ -407,7 +408,7 @@ class QueueQueries(ClaimQueries):
         if job_id is not None:
             where.append(c.job_id == job_id)
         in_flight = c.status == RUNNING
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer (docs)
             ended = conn.execute(
                 update(requests)

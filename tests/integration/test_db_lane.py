@@ -13,7 +13,6 @@ import anyio
 import psycopg
 import pytest
 from sqlalchemy import event
-from sqlalchemy.exc import DBAPIError
 
 from ledger.enqueue import build_spec, to_row
 from ledger.record import DbLane
@@ -84,11 +83,42 @@ def test_a_connection_cut_during_a_statement_is_tried_again_and_applied_once(sto
     assert store.status_counts()["canceled"] == 1
 
 
-def test_a_connection_cut_during_commit_is_not_tried_again(store: Store) -> None:
-    """Whether that COMMIT landed is unknown: running the transaction again could apply it twice
-    (a second attempt row, an attempt counted twice), so the error surfaces instead."""
+def test_a_commit_cut_before_it_landed_is_found_not_applied_and_tried_again(store: Store) -> None:
+    """Issue 12: the backend is terminated as the COMMIT goes out. The store asks the server what
+    became of the transaction (aborted), so the lane runs it again, once, and it applies once."""
     cuts = cut_connection_once(store, "commit")
     calls: list[int] = []
-    with pytest.raises(DBAPIError):
-        anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.cancel(ids=[1])))
-    assert len(cuts) == 1 and len(calls) == 1
+    result = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.cancel(ids=[1])))
+    assert len(cuts) == 1 and len(calls) == 2
+    assert result == CancelResult(canceled=1, in_flight=0)
+    assert store.status_counts()["canceled"] == 1
+
+
+def test_a_commit_whose_answer_was_lost_is_found_committed_and_not_run_again(store: Store) -> None:
+    """The COMMIT lands but its answer never comes back (the backend is terminated right after):
+    the server says the transaction committed, so the caller goes on with its result, run once."""
+    cuts: list[int] = []
+    admin = psycopg.connect(PG_DSN, autocommit=True)
+
+    @event.listens_for(store.engine, "commit")
+    def _commit_then_cut(conn: Any) -> None:
+        if not cuts:
+            dbapi_connection = conn.connection.dbapi_connection
+            dbapi_connection.commit()  # the server commits ...
+            dbapi_connection.execute("SELECT 1")  # (so that the driver's own COMMIT goes to the server)
+            cuts.append(dbapi_connection.info.backend_pid)
+            admin.execute("SELECT pg_terminate_backend(%s)", (cuts[0],))  # ... and the answer is lost
+
+    lost: list[BaseException | None] = []
+
+    @event.listens_for(store.engine, "invalidate")
+    def _lost(_dbapi_connection: Any, _record: Any, exception: BaseException | None) -> None:
+        lost.append(exception)  # the driver's COMMIT did fail: the answer was lost
+
+    calls: list[int] = []
+    result = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.cancel(ids=[1])))
+    admin.close()
+    assert len(cuts) == 1 and len(lost) == 1
+    assert len(calls) == 1  # not run again: that would have canceled nothing
+    assert result == CancelResult(canceled=1, in_flight=0)
+    assert store.status_counts()["canceled"] == 1

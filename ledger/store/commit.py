@@ -1,0 +1,70 @@
+"""Transactions whose COMMIT may be lost on the way back, and how the store finds out what happened.
+
+A PostgreSQL backend terminated while it commits (a fast restart, an operator's
+`pg_terminate_backend`, a dropped network) leaves the client with an error and no
+answer: the transaction may or may not have committed. Trying it again blindly
+could apply it twice; giving up stops the daemon. Instead, every transaction that
+takes the claim lock learns its transaction id in the same statement (no extra
+round trip), and after a lost COMMIT the store asks the server, on a new
+connection, what became of that id (`pg_xact_status`):
+
+- committed: the work is in; the caller goes on with the result it computed;
+- aborted (or never known to the server): nothing was written; `CommitNotApplied`
+  is raised, which the database lane retries like any transient failure.
+
+A transaction without a known id (no claim lock taken, or SQLite, which has no
+connection to lose) keeps the old rule: the error stops the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from ledger.store.dialect import XID_KEY, CommitNotApplied, Dialect
+
+LOG = logging.getLogger("ledger.store")
+# How long to keep asking a restarting server what became of a transaction.
+RESOLVE_WITHIN_S = 60.0
+
+
+@contextmanager
+def transaction(engine: Engine, dialect: Dialect) -> Iterator[Connection]:
+    """`engine.begin()`, with a lost COMMIT resolved instead of left unknown."""
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            yield conn
+        except BaseException:
+            if trans.is_active:
+                trans.rollback()
+            raise
+        xid = conn.info.pop(XID_KEY, None)
+        try:
+            trans.commit()
+        except DBAPIError as exc:
+            if xid is None or not exc.connection_invalidated:
+                raise
+            if not _committed(engine, dialect, xid):
+                raise CommitNotApplied("COMMIT", None, exc.orig or exc) from exc
+            LOG.warning(
+                "COMMIT answer lost; the server says the transaction committed", extra={"details": {"xid": xid}}
+            )
+
+
+def _committed(engine: Engine, dialect: Dialect, xid: str) -> bool:
+    """Ask the server (again through a restart, within RESOLVE_WITHIN_S) whether `xid` committed."""
+    for attempt in Retrying(
+        retry=retry_if_exception_type(DBAPIError),
+        wait=wait_exponential(multiplier=0.05, max=2.0),
+        stop=stop_after_delay(RESOLVE_WITHIN_S),
+        reraise=True,
+    ):
+        with attempt, engine.connect() as conn:
+            return dialect.transaction_committed(conn, xid)
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
