@@ -113,6 +113,39 @@ def test_the_daemon_rides_out_dropped_database_connections(pg_url: str, tmp_path
     assert most_successes == 1  # no request was answered and recorded twice
 
 
+def test_backends_terminated_again_and_again_never_stop_the_daemon(pg_url: str, tmp_path: Path) -> None:
+    """Issue 12: some terminations land on a COMMIT. The store asks the server what became of the
+    transaction instead of stopping, so the daemon rides out a storm of them; nothing answered twice."""
+    app = f"ledger-{tmp_path.name[-20:]}"
+    url = f"{pg_url}&application_name={app}"
+    log = tmp_path / "daemon.log"
+    prompts = [("a", f"d{i}", f"terminated again {i}") for i in range(150)]
+    with mock_provider("--latency", "0.02") as mock:
+        env = ledger_env(url, mock, MAX_CONCURRENT_LLM_CALLS=10, LEDGER_LEASE_SECONDS=5)
+        enqueue(env, write_requests(tmp_path / "t.jsonl", prompts))
+        daemon = start_daemon(env, log, "--until-idle")
+        wait_for(lambda: mock.stats()["calls"] >= 5)
+        store = Store(pg_url)
+        kill = text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :app")
+        terminations = 0
+        while daemon.poll() is None and terminations < 40:
+            with store.engine.begin() as conn:
+                terminations += len(conn.execute(kill, {"app": app}).all())
+        assert daemon.wait(timeout=120) == 0, log.read_text()[-3000:]
+    counts = store.status_counts()
+    with store.engine.connect() as conn:
+        most_successes = conn.execute(
+            text(
+                "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM llm_attempts"
+                " WHERE outcome = 'succeeded' GROUP BY request_id) s"
+            )
+        ).scalar_one()
+    store.close()
+    assert terminations >= 20
+    assert counts["completed"] == 150 and counts["running"] == 0 and counts["queued"] == 0
+    assert most_successes == 1
+
+
 def test_a_database_that_fails_for_good_stops_the_daemon_with_one_line(pg_url: str, tmp_path: Path) -> None:
     prompts = [("a", f"d{i}", f"doomed database {i}") for i in range(40)]
     with mock_provider("--latency", "0.2") as mock:
