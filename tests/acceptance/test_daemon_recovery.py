@@ -146,6 +146,45 @@ def test_backends_terminated_again_and_again_never_stop_the_daemon(pg_url: str, 
     assert most_successes == 1
 
 
+def test_a_daemon_frozen_past_its_lease_writes_nothing_over_the_one_that_took_over(pg_url: str, tmp_path: Path) -> None:
+    """Issue 12: SIGSTOP a daemon with calls in flight, let another take its work over, SIGCONT it.
+    The woken daemon writes nothing over the new owner's results; the provider saw at most the
+    frozen daemon's in-flight calls twice, and every other request once."""
+    prompts = [("a", f"d{i}", f"frozen daemon {i}") for i in range(24)]
+    with mock_provider("--latency", "1.0") as mock:
+        env = ledger_env(pg_url, mock, MAX_CONCURRENT_LLM_CALLS=4, LEDGER_LEASE_SECONDS=2, LEDGER_POLL_INTERVAL=0.05)
+        enqueue(env, write_requests(tmp_path / "z.jsonl", prompts))
+        frozen_log, taker_log = tmp_path / "frozen.log", tmp_path / "taker.log"
+        frozen = start_daemon(env, frozen_log, "--worker-id", "frozen")
+        wait_for(lambda: mock.stats()["in_flight"] >= 2)
+        frozen.send_signal(signal.SIGSTOP)
+        in_flight_at_freeze = mock.stats()["in_flight"]
+        try:
+            taken_over = run_daemon(env, taker_log, "--until-idle", "--worker-id", "taker")
+        finally:
+            frozen.send_signal(signal.SIGCONT)
+        assert taken_over == 0, taker_log.read_text()[-2000:]
+        store = Store(pg_url)
+        # Woken, it stops at once: the calls it had in flight return (their answers waited in its
+        # sockets) within the grace period, and their outcomes are written, or refused, before it exits.
+        frozen.send_signal(signal.SIGTERM)
+        assert frozen.wait(timeout=60) == 0, frozen_log.read_text()[-2000:]
+        calls_per_prompt = sorted(mock.stats()["per_prompt"].values(), reverse=True)
+    counts = store.status_counts()
+    with store.engine.connect() as conn:
+        attempts = conn.execute(
+            text("SELECT request_id, worker, outcome FROM llm_attempts ORDER BY request_id, attempt")
+        ).all()
+        results = conn.execute(
+            text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'succeeded' AND worker LIKE 'frozen%'")
+        ).scalar_one()
+    store.close()
+    assert counts["completed"] == 24 and counts["running"] == 0
+    assert results == 0  # the frozen daemon's late answers were written nowhere
+    assert all(outcome != "succeeded" for _, worker, outcome in attempts if worker and worker.startswith("frozen"))
+    assert sum(1 for n in calls_per_prompt if n > 1) <= in_flight_at_freeze and max(calls_per_prompt) <= 2
+
+
 def test_a_database_that_fails_for_good_stops_the_daemon_with_one_line(pg_url: str, tmp_path: Path) -> None:
     prompts = [("a", f"d{i}", f"doomed database {i}") for i in range(40)]
     with mock_provider("--latency", "0.2") as mock:
