@@ -96,7 +96,7 @@ def advance(store: Store, settings: Settings, job: dict[str, Any]) -> Step:
     _save(store, job_id, found)
     if found.gaps:
         gap_specs = [single_request(spec, agent, dimension) for agent, dimension in found.gaps]
-        store.add_job_requests([to_row(r, settings.compatible_base_url, settings.prices) for r in gap_specs])
+        store.add_job_requests(job_id, [to_row(r, settings.compatible_base_url, settings.prices) for r in gap_specs])
         store.set_job_phase(job_id, "filling_gaps")
         return Step(job_id, "filling_gaps")
     if found.pending:  # a request reopened since we looked (a retry): next cycle

@@ -126,10 +126,12 @@ class JobQueries:
             self.enqueue_in(conn, rows)
         return Staged(job["id"], True, len(rows))
 
-    def add_job_requests(self, rows: list[dict[str, Any]]) -> int:
-        """Gap-filling requests of a running job (idempotent keys: a repeat adds nothing)."""
+    def add_job_requests(self, job_id: str, rows: list[dict[str, Any]]) -> int:
+        """Gap-filling requests of a job still running (idempotent keys: a repeat adds nothing)."""
         with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
+            if not _still_running(conn, job_id):  # canceled (or ended) since the coordinator read it
+                return 0
             return int(self.enqueue_in(conn, rows).inserted)
 
     # -- reading ---------------------------------------------------------------
@@ -253,6 +255,8 @@ class JobQueries:
         inserted: list[dict[str, Any]] = []
         with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
+            if not overwrite and not _still_running(conn, job_id):  # a cancel came first: it wins
+                return first_parsed, inserted
             for request_id, fields in derived.items():
                 where = [c.id == request_id] if overwrite else [c.id == request_id, c.parsed_at.is_(None)]
                 values = {name: fields.get(name) for name in _DERIVED}
@@ -301,4 +305,10 @@ class JobQueries:
     def cancel_job(self, job_id: str) -> bool:
         """The job ends `canceled` (its requests are canceled by `cancel(job_id=...)`)."""
         with transaction(self.engine, self.dialect) as conn:
+            self.dialect.serialize_claimers(conn)  # ordered with the coordinator's writes: a cancel wins
             return self._end_job_in(conn, job_id, JobStatus.CANCELED, "canceled by the operator")
+
+
+def _still_running(conn: Connection, job_id: str) -> bool:
+    status = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar_one_or_none()
+    return status == RUNNING_JOB
