@@ -1,0 +1,467 @@
+"""Benchmark: scale-out. 1, 2 and 4 daemons on one PostgreSQL against the mock provider.
+
+Two scenarios, each run for every daemon count:
+
+(a) latency-bound: 200 ms per call, limit 50, 2,000 requests. The bound is
+    limit / latency = 250 requests/s; the fraction reached is the bound time
+    (requests x latency / limit) over the measured makespan (first `acquired` to
+    last `released` across all daemons' logs). Target: >= 0.95 for every N, and
+    the provider never sees more than the limit in flight.
+(b) CPU-bound: 0 ms latency, limit 50: aggregate requests/s, and where the
+    ceiling comes from: CPU seconds of the daemon processes (`wait4` rusage), of
+    the mock provider (/proc/<pid>/stat before it stops), of the daemons'
+    PostgreSQL backends (/proc/<pid>/stat, sampled while they live) and of the
+    whole machine (/proc/stat); PostgreSQL commits/s (`pg_stat_database.xact_commit`);
+    and how often daemons wait on the claim lock (`pg_stat_activity` sampled every
+    ~20 ms: share of samples with a daemon backend on `Lock`/`advisory`).
+
+The requests are enqueued through the Python API first; then the N daemons start
+together as real processes (`python -m ledger.cli daemon --until-idle`), each with
+its own `application_name`, worker id and JSON log file.
+
+    python -m bench.scale_out [--daemons 1,2,4] [--requests 2000] [--cpu-requests 4000]
+                              [--limit 50] [--latency 0.2] [--runs 1]
+                              [--scenario latency,cpu] [--pg DSN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from adapters.mock_provider import mock_provider_process
+from bench.common import PG_DSN, fresh_database, specs
+from ledger.api import Ledger
+from ledger.settings import load_settings
+
+APP_PREFIX = "ledger-scale-d"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of a live process from /proc/<pid>/stat, in seconds (None once it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15: utime, stime
+
+
+def machine_busy_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds over all cores since boot, from /proc/stat."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    total = sum(ticks[:8])  # guest time is already inside user
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+def wait_gone(dsn: str, prefix: str, timeout: float = 10.0) -> None:
+    """Until no backend named `prefix...` is left: a backend flushes its statistics as it exits."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s", (prefix + "%",)
+            ).fetchone()
+            if row is None or row[0] == 0:
+                return
+            time.sleep(0.02)
+
+
+def xact_commit(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_stat_force_next_flush(), xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    return int(row[1])
+
+
+@dataclass
+class Sample:
+    ts: float
+    backends: int  # daemon backends connected
+    active: int  # of which running a statement
+    on_lock: int  # of which waiting on the claim lock (Lock/advisory)
+    daemons_cpu: float  # cumulative CPU seconds: the daemon processes
+    mock_cpu: float  # the mock provider
+    backends_cpu: float  # the daemons' PostgreSQL backends (last seen value of each, ever)
+    bench_cpu: float  # this process (the sampler)
+    busy: float  # the whole machine, busy and total CPU seconds since boot
+    total: float
+
+
+@dataclass
+class Sampler:
+    """Every `interval` seconds, on a thread: the daemons' backends in pg_stat_activity, and the
+    CPU counters of the daemons, their backends, the mock provider and the machine."""
+
+    dsn: str
+    mock_pid: int
+    daemon_pids: list[int] = field(default_factory=list)
+    interval: float = 0.02
+    samples: list[Sample] = field(default_factory=list)
+    backend_cpu: dict[int, float] = field(default_factory=dict)
+    daemon_cpu: dict[int, float] = field(default_factory=dict)
+    queries: int = 0
+    others_active: int = 0  # samples in which a client of this database other than ours ran a statement
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        query = (
+            "SELECT pid, state, wait_event_type, wait_event, application_name FROM pg_stat_activity "
+            "WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+        with psycopg.connect(self.dsn, autocommit=True, application_name="bench-scale-sampler") as conn:
+            while not self._stop.is_set():
+                found = conn.execute(query).fetchall()
+                self.queries += 1
+                ts = time.time()
+                ours = [r for r in found if (r[4] or "").startswith(APP_PREFIX)]
+                if len(ours) < len(found) and any(r[1] == "active" for r in found if r not in ours):
+                    self.others_active += 1
+                for pid, *_ in ours:
+                    cpu = proc_cpu_s(pid)
+                    if cpu is not None:
+                        self.backend_cpu[pid] = cpu
+                for pid in list(self.daemon_pids):
+                    cpu = proc_cpu_s(pid)
+                    if cpu is not None:
+                        self.daemon_cpu[pid] = cpu
+                own = resource.getrusage(resource.RUSAGE_SELF)
+                busy, total = machine_busy_s()
+                self.samples.append(
+                    Sample(
+                        ts=ts,
+                        backends=len(ours),
+                        active=sum(1 for r in ours if r[1] == "active"),
+                        on_lock=sum(1 for r in ours if r[2] == "Lock" and r[3] == "advisory"),
+                        daemons_cpu=sum(self.daemon_cpu.values()),
+                        mock_cpu=proc_cpu_s(self.mock_pid) or 0.0,
+                        backends_cpu=sum(self.backend_cpu.values()),
+                        bench_cpu=own.ru_utime + own.ru_stime,
+                        busy=busy,
+                        total=total,
+                    )
+                )
+                self._stop.wait(self.interval)
+
+
+@dataclass
+class Run:
+    daemons: int
+    requests: int
+    makespan: float  # first `acquired` to last `released`, all daemons' logs
+    wall: float  # daemons started to all exited
+    completed: int
+    provider_max_in_flight: int
+    log_max_slots: int
+    per_daemon: list[int]  # `acquired` events in each daemon's log
+    daemon_cpu_life: float  # wait4 rusage of the daemon processes, start-up included
+    mock_cpu_life: float  # /proc/<pid>/stat of the mock provider before it stops
+    # Cores used over the makespan (CPU-seconds per second, from the samples around it):
+    daemons_cores: float
+    mock_cores: float
+    pg_cores: float
+    bench_cores: float
+    machine_cores: float  # every process on the machine
+    cores: int
+    commits: int  # xact_commit delta of the database, the sampler's own transactions removed
+    lock_share: float  # share of samples in the makespan with a daemon backend waiting on the claim lock
+    mean_waiters: float
+    active_share: float  # share of samples with a daemon backend running a statement
+    others_share: float  # share of samples where another client of the database ran a statement
+
+    @property
+    def other_cores(self) -> float:
+        return self.machine_cores - self.daemons_cores - self.mock_cores - self.pg_cores - self.bench_cores
+
+
+def log_events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def max_slots(records: list[dict[str, Any]]) -> int:
+    held = peak = 0
+    for e in sorted((e for e in records if e["event"] in ("acquired", "released")), key=lambda e: e["ts"]):
+        held += 1 if e["event"] == "acquired" else -1
+        peak = max(peak, held)
+    return peak
+
+
+def around(samples: list[Sample], first: float, last: float) -> tuple[Sample, Sample]:
+    """The last sample at or before `first` and the first at or after `last` (or the ends)."""
+    before = [s for s in samples if s.ts <= first]
+    after = [s for s in samples if s.ts >= last]
+    return (before[-1] if before else samples[0]), (after[0] if after else samples[-1])
+
+
+def run_once(pg: str, n_daemons: int, n_requests: int, limit: int, latency: float) -> Run:
+    with (
+        fresh_database("postgres", pg) as url,
+        mock_provider_process("--latency", str(latency)) as mock,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        enqueue_url = f"{url}&application_name=bench-scale-enqueue"
+        settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=enqueue_url, MAX_CONCURRENT_LLM_CALLS=limit)
+        with Ledger(settings=settings) as ledger:
+            ledger.enqueue_many(specs(n_requests))
+        wait_gone(pg, "bench-scale-")
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGER_", "OPENAI_", "ANTHROPIC_"))}
+        base_env.update(
+            OPENAI_BASE_URL=mock.openai_base_url,
+            OPENAI_API_KEY="bench",
+            MAX_CONCURRENT_LLM_CALLS=str(limit),
+            LEDGER_LOG_LEVEL="INFO",
+        )
+        logs = [Path(tmp) / f"daemon-{i}.log" for i in range(n_daemons)]
+        sampler = Sampler(pg, mock.proc.pid)
+        commits_before = xact_commit(pg)
+        sampler.start()
+        t0 = time.time()
+        procs: list[subprocess.Popen[bytes]] = []
+        for i, log in enumerate(logs):
+            env = dict(base_env, LEDGER_DATABASE_URL=f"{url}&application_name={APP_PREFIX}{i}")
+            with log.open("wb") as sink:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "ledger.cli", "daemon", "--until-idle", "--worker-id", f"d{i}"],
+                        env=env,
+                        stdout=sink,
+                        stderr=sink,
+                    )
+                )
+            sampler.daemon_pids.append(procs[-1].pid)
+        daemon_cpu = 0.0
+        for proc in procs:
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            daemon_cpu += usage.ru_utime + usage.ru_stime
+        wall = time.time() - t0
+        time.sleep(0.1)  # a sample or more after the end
+        sampler.stop()
+        mock_cpu = proc_cpu_s(mock.proc.pid) or 0.0
+        provider = mock.stats()
+        wait_gone(pg, APP_PREFIX)
+        wait_gone(pg, "bench-scale-")
+        commits = xact_commit(pg) - commits_before - sampler.queries - 1
+        for proc, log in zip(procs, logs, strict=True):
+            if proc.returncode != 0:
+                raise RuntimeError(f"daemon exited {proc.returncode}: {log.read_text()[-2000:]}")
+        with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+            row = conn.execute("SELECT count(*) FROM llm_requests WHERE status = 'completed'").fetchone()
+        completed = int(row[0]) if row else 0
+        per_log = [log_events(log) for log in logs]
+    merged = [e for records in per_log for e in records]
+    slots = [e["ts"] for e in merged if e["event"] in ("acquired", "released")]
+    first, last = min(slots), max(slots)
+    window = [s for s in sampler.samples if first <= s.ts <= last] or sampler.samples
+    s0, s1 = around(sampler.samples, first, last)
+    span = max(s1.ts - s0.ts, 1e-9)
+    return Run(
+        daemons=n_daemons,
+        requests=n_requests,
+        makespan=last - first,
+        wall=wall,
+        completed=completed,
+        provider_max_in_flight=int(provider["max_in_flight"]),
+        log_max_slots=max_slots(merged),
+        per_daemon=[Counter(e["event"] for e in records)["acquired"] for records in per_log],
+        daemon_cpu_life=daemon_cpu,
+        mock_cpu_life=mock_cpu,
+        daemons_cores=(s1.daemons_cpu - s0.daemons_cpu) / span,
+        mock_cores=(s1.mock_cpu - s0.mock_cpu) / span,
+        pg_cores=(s1.backends_cpu - s0.backends_cpu) / span,
+        bench_cores=(s1.bench_cpu - s0.bench_cpu) / span,
+        machine_cores=(s1.busy - s0.busy) / span,
+        cores=round((s1.total - s0.total) / span),
+        commits=commits,
+        lock_share=sum(1 for s in window if s.on_lock > 0) / len(window),
+        mean_waiters=sum(s.on_lock for s in window) / len(window),
+        active_share=sum(1 for s in window if s.active > 0) / len(window),
+        others_share=sampler.others_active / max(1, sampler.queries),
+    )
+
+
+def warn_others(runs: list[Run]) -> None:
+    busy = [r for r in runs if r.others_share > 0]
+    if busy:
+        shares = ", ".join(f"N={r.daemons}: {r.others_share:.0%}" for r in busy)
+        print(f"  warning: other clients of this database were running statements in some samples ({shares})")
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print(f"\n{title}")
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+
+
+def latency_table(runs: list[Run], limit: int, latency: float) -> None:
+    bound = limit / latency
+    rows = []
+    for r in runs:
+        ideal = r.requests * latency / limit
+        rows.append(
+            [
+                str(r.daemons),
+                f"{r.completed}/{r.requests}",
+                f"{r.makespan:.3f}",
+                f"{ideal:.3f}",
+                f"{r.requests / r.makespan:.1f}",
+                f"{ideal / r.makespan:.3f}",
+                str(r.provider_max_in_flight),
+                str(r.log_max_slots),
+                f"{r.machine_cores:.2f}/{r.cores}",
+                f"{r.daemons_cores:.2f}",
+                f"{r.mock_cores + r.pg_cores + r.bench_cores:.2f}",
+                f"{r.other_cores:.2f}",
+                f"{r.daemons_cores * r.makespan / r.requests * 1000:.2f}",
+                f"{r.lock_share:.0%}",
+                f"{r.wall:.2f}",
+                "/".join(map(str, r.per_daemon)),
+            ]
+        )
+    header = [
+        "N",
+        "done",
+        "makespan s",
+        "bound s",
+        "req/s",
+        "fraction",
+        "prov max",
+        "log max",
+        "busy cores",
+        "daemons",
+        "mock+pg+bench",
+        "other",
+        "daemon ms/req",
+        "lock-wait",
+        "wall s",
+        "per daemon",
+    ]
+    print_table(f"(a) latency-bound: latency {latency}s, limit {limit}, bound {bound:.0f} req/s", header, rows)
+    print(
+        "  fraction = bound time / makespan; prov max: the provider's max in flight; log max: most slots held at\n"
+        "  once replaying all logs; cores over the makespan as in (b); wall: daemons started to all exited."
+    )
+
+
+def cpu_table(runs: list[Run], limit: int) -> None:
+    rows = []
+    for r in runs:
+        per_req = r.makespan / r.requests * 1000  # ms of wall per request: cores x this = CPU ms per request
+        rows.append(
+            [
+                str(r.daemons),
+                f"{r.completed}/{r.requests}",
+                f"{r.makespan:.2f}",
+                f"{r.requests / r.makespan:.0f}",
+                f"{r.machine_cores:.2f}/{r.cores}",
+                f"{r.daemons_cores:.2f}",
+                f"{r.mock_cores:.2f}",
+                f"{r.pg_cores:.2f}",
+                f"{r.bench_cores:.2f}",
+                f"{r.other_cores:.2f}",
+                f"{r.daemons_cores * per_req:.2f}",
+                f"{r.mock_cores * per_req:.2f}",
+                f"{r.pg_cores * per_req:.2f}",
+                f"{r.commits / r.makespan:.0f}",
+                f"{r.commits / r.requests:.2f}",
+                f"{r.lock_share:.0%}",
+                f"{r.mean_waiters:.2f}",
+                f"{r.active_share:.0%}",
+                f"{r.daemon_cpu_life:.1f}",
+                f"{r.mock_cpu_life:.1f}",
+                str(r.provider_max_in_flight),
+                "/".join(map(str, r.per_daemon)),
+            ]
+        )
+    header = [
+        "N",
+        "done",
+        "makespan s",
+        "req/s",
+        "busy cores",
+        "daemons",
+        "mock",
+        "pg",
+        "bench",
+        "other",
+        "daemon ms/req",
+        "mock ms/req",
+        "pg ms/req",
+        "commits/s",
+        "commits/req",
+        "lock-wait",
+        "waiters",
+        "db active",
+        "daemon cpu s",
+        "mock cpu s",
+        "prov max",
+        "per daemon",
+    ]
+    print_table(f"(b) CPU-bound: latency 0, limit {limit}", header, rows)
+    print(
+        "  Over the makespan: busy cores = CPU-seconds per second of the whole machine / cores; daemons, mock,\n"
+        "  pg (the daemons' PostgreSQL backends), bench (this process, the sampler) and other (everything else:\n"
+        "  PostgreSQL's walwriter etc., the OS, other users) in cores; ms/req = CPU ms per request.\n"
+        "  lock-wait: share of ~20 ms samples with a daemon backend waiting on the claim lock (Lock/advisory);\n"
+        "  waiters: mean backends waiting; db active: share with a daemon backend running a statement.\n"
+        "  commits: pg_stat_database.xact_commit delta over the makespan. daemon/mock cpu s: whole life\n"
+        "  (wait4 rusage; /proc/<pid>/stat), start-up included."
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--daemons", default="1,2,4", help="comma-separated daemon counts")
+    parser.add_argument("--requests", type=int, default=2000, help="requests in the latency-bound scenario")
+    parser.add_argument("--cpu-requests", type=int, default=4000, help="requests in the CPU-bound scenario")
+    parser.add_argument("--limit", type=int, default=50)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--runs", type=int, default=1, help="repetitions of each (scenario, N)")
+    parser.add_argument("--scenario", default="latency,cpu", help="latency, cpu or both")
+    parser.add_argument("--pg", default=PG_DSN, help="PostgreSQL DSN (a throw-away schema is created in it)")
+    args = parser.parse_args()
+    counts = [int(x) for x in args.daemons.split(",")]
+    scenarios = args.scenario.split(",")
+    print(f"{os.cpu_count()} CPUs; daemons {counts}; runs {args.runs}")
+    if "latency" in scenarios:
+        runs = [run_once(args.pg, n, args.requests, args.limit, args.latency) for _ in range(args.runs) for n in counts]
+        latency_table(sorted(runs, key=lambda r: r.daemons), args.limit, args.latency)
+        warn_others(runs)
+    if "cpu" in scenarios:
+        runs = [run_once(args.pg, n, args.cpu_requests, args.limit, 0.0) for _ in range(args.runs) for n in counts]
+        cpu_table(sorted(runs, key=lambda r: r.daemons), args.limit)
+        warn_others(runs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
