@@ -19,7 +19,6 @@ from ledger.enqueue import build_spec, to_row
 from ledger.record import DbLane
 from ledger.store import Store
 from ledger.store.queue import CancelResult
-from tests.conftest import PG_DSN
 
 T = TypeVar("T")
 
@@ -37,11 +36,11 @@ def store(pg_url: str) -> Iterator[Store]:
     s.close()
 
 
-def cut_connection_once(store: Store, moment: str) -> list[int]:
+def cut_connection_once(store: Store, moment: str, admin_dsn: str) -> list[int]:
     """Terminate the backend of the next transaction at `moment` ("statement" or "commit"); returns
     a list that records each cut."""
     cuts: list[int] = []
-    admin = psycopg.connect(PG_DSN, autocommit=True)
+    admin = psycopg.connect(admin_dsn, autocommit=True)
 
     def cut(dbapi_connection: Any) -> None:
         if not cuts:
@@ -75,8 +74,8 @@ def counted(calls: list[int], fn: Callable[[], T]) -> Callable[[], T]:
     return run
 
 
-def test_a_connection_cut_during_a_statement_is_tried_again_and_applied_once(store: Store) -> None:
-    cuts = cut_connection_once(store, "statement")
+def test_a_connection_cut_during_a_statement_is_tried_again_and_applied_once(store: Store, pg_dsn: str) -> None:
+    cuts = cut_connection_once(store, "statement", pg_dsn)
     calls: list[int] = []
     result = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.cancel(ids=[1])))
     assert len(cuts) == 1 and len(calls) == 2  # the cut transaction was rolled back, then run again
@@ -84,10 +83,10 @@ def test_a_connection_cut_during_a_statement_is_tried_again_and_applied_once(sto
     assert store.status_counts()["canceled"] == 1
 
 
-def test_a_connection_cut_during_commit_is_not_tried_again(store: Store) -> None:
+def test_a_connection_cut_during_commit_is_not_tried_again(store: Store, pg_dsn: str) -> None:
     """Whether that COMMIT landed is unknown: running the transaction again could apply it twice
     (a second attempt row, an attempt counted twice), so the error surfaces instead."""
-    cuts = cut_connection_once(store, "commit")
+    cuts = cut_connection_once(store, "commit", pg_dsn)
     calls: list[int] = []
     with pytest.raises(DBAPIError):
         anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.cancel(ids=[1])))
