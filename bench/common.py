@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -12,7 +13,12 @@ import psycopg
 
 from ledger.enqueue import RequestSpec, build_spec
 
-PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+# The same variable as the tests' (an existing server); the benchmarks start none of their own.
+PG_DSN = (
+    os.environ.get("LEDGER_TEST_POSTGRES_URL")
+    or os.environ.get("LEDGER_TEST_PG_DSN")
+    or "postgresql://postgres@127.0.0.1:5432/test"
+)
 
 
 @contextmanager

@@ -3,7 +3,9 @@
 Runs the real CLI in a child process (so peak RSS is the enqueue's alone) on
 SQLite and on PostgreSQL. Usage:
 
-    python -m bench.enqueue_100k [--lines 100000] [--pg postgresql://postgres@127.0.0.1:5432/test]
+    python -m bench.enqueue_100k [--lines 100000] [--pg URL]
+
+--pg defaults to $LEDGER_TEST_POSTGRES_URL, else postgresql://postgres@127.0.0.1:5432/test.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import fresh_database
+from bench.common import PG_DSN, fresh_database
 
 
 def write_file(path: Path, lines: int) -> None:
@@ -69,7 +71,7 @@ def run(url: str, path: Path) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=100_000)
-    parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--pg", default=PG_DSN)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "requests.jsonl"

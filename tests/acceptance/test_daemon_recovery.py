@@ -28,7 +28,6 @@ from tests.acceptance.procs import (
     wait_for,
     write_requests,
 )
-from tests.conftest import PG_DSN
 
 
 def test_canceling_a_call_in_flight_never_lets_another_start_beside_it(sqlite_url: str, tmp_path: Path) -> None:
@@ -210,7 +209,9 @@ def test_a_database_that_fails_for_good_stops_the_daemon_with_one_line(pg_url: s
     assert time.monotonic() - started < 30
 
 
-def test_calls_whose_leases_cannot_be_renewed_are_cut_off_before_the_leases_lapse(pg_url: str, tmp_path: Path) -> None:
+def test_calls_whose_leases_cannot_be_renewed_are_cut_off_before_the_leases_lapse(
+    pg_url: str, pg_dsn: str, tmp_path: Path
+) -> None:
     """The database stops answering the daemon (here: another session sits on the claim lock
     that every renewal takes). Past 3/4 of the lease, another daemon could take its requests
     over and call them beside it, so it cuts its own calls off; once the database answers
@@ -222,7 +223,7 @@ def test_calls_whose_leases_cannot_be_renewed_are_cut_off_before_the_leases_laps
         enqueue(env, write_requests(tmp_path / "l.jsonl", prompts))
         daemon = start_daemon(env, log, "--until-idle")
         wait_for(lambda: mock.stats()["in_flight"] == 3)
-        blocker = psycopg.connect(PG_DSN, autocommit=True)
+        blocker = psycopg.connect(pg_dsn, autocommit=True)
         blocker.execute("SELECT pg_advisory_lock(%s)", (CLAIM_LOCK_KEY,))
         schema = pg_url.split("search_path%3D")[1]
         lapse_at = blocker.execute(  # when the first lease lapses: nothing can renew it past this lock

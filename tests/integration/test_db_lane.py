@@ -18,7 +18,6 @@ from ledger.enqueue import build_spec, to_row
 from ledger.record import DbLane
 from ledger.store import Store
 from ledger.store.queue import CancelResult
-from tests.conftest import PG_DSN
 
 T = TypeVar("T")
 
@@ -36,11 +35,11 @@ def store(pg_url: str) -> Iterator[Store]:
     s.close()
 
 
-def cut_connection_once(store: Store, moment: str) -> list[int]:
+def cut_connection_once(store: Store, moment: str, admin_dsn: str) -> list[int]:
     """Terminate the backend of the next transaction at `moment` ("statement" or "commit"); returns
     a list that records each cut."""
     cuts: list[int] = []
-    admin = psycopg.connect(PG_DSN, autocommit=True)
+    admin = psycopg.connect(admin_dsn, autocommit=True)
 
     def cut(dbapi_connection: Any) -> None:
         if not cuts:
@@ -74,8 +73,8 @@ def counted(calls: list[int], fn: Callable[[], T]) -> Callable[[], T]:
     return run
 
 
-def test_a_connection_cut_during_a_statement_is_tried_again_and_applied_once(store: Store) -> None:
-    cuts = cut_connection_once(store, "statement")
+def test_a_connection_cut_during_a_statement_is_tried_again_and_applied_once(store: Store, pg_dsn: str) -> None:
+    cuts = cut_connection_once(store, "statement", pg_dsn)
     calls: list[int] = []
     result = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.cancel(ids=[1])))
     assert len(cuts) == 1 and len(calls) == 2  # the cut transaction was rolled back, then run again
@@ -83,10 +82,10 @@ def test_a_connection_cut_during_a_statement_is_tried_again_and_applied_once(sto
     assert store.status_counts()["canceled"] == 1
 
 
-def test_a_commit_cut_before_it_landed_is_found_not_applied_and_tried_again(store: Store) -> None:
+def test_a_commit_cut_before_it_landed_is_found_not_applied_and_tried_again(store: Store, pg_dsn: str) -> None:
     """Issue 12: the backend is terminated as the COMMIT goes out. The store asks the server what
     became of the transaction (aborted), so the lane runs it again, once, and it applies once."""
-    cuts = cut_connection_once(store, "commit")
+    cuts = cut_connection_once(store, "commit", pg_dsn)
     calls: list[int] = []
     result = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.cancel(ids=[1])))
     assert len(cuts) == 1 and len(calls) == 2
@@ -94,11 +93,11 @@ def test_a_commit_cut_before_it_landed_is_found_not_applied_and_tried_again(stor
     assert store.status_counts()["canceled"] == 1
 
 
-def test_a_commit_whose_answer_was_lost_is_found_committed_and_not_run_again(store: Store) -> None:
+def test_a_commit_whose_answer_was_lost_is_found_committed_and_not_run_again(store: Store, pg_dsn: str) -> None:
     """The COMMIT lands but its answer never comes back (the backend is terminated right after):
     the server says the transaction committed, so the caller goes on with its result, run once."""
     cuts: list[int] = []
-    admin = psycopg.connect(PG_DSN, autocommit=True)
+    admin = psycopg.connect(pg_dsn, autocommit=True)
 
     @event.listens_for(store.engine, "commit")
     def _commit_then_cut(conn: Any) -> None:
