@@ -400,12 +400,29 @@ def mock_provider(ctx: typer.Context) -> None:
 
 @app.command()
 def demo(
-    workdir: Annotated[Path, typer.Option(help="Where the demo's SQLite ledger goes.")] = Path("ledger-demo"),
+    workdir: Annotated[Path, typer.Option(help="Where the demo's SQLite ledger (and daemon logs) go.")] = Path(
+        "ledger-demo"
+    ),
     limit: Annotated[int, typer.Option(help="MAX_CONCURRENT_LLM_CALLS for the run.")] = 5,
     latency: Annotated[float, typer.Option(help="Mock provider seconds per call.")] = 0.3,
+    daemons: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Run the job with N daemon processes on one PostgreSQL (LEDGER_DATABASE_URL, "
+            "or an embedded server from ledger[postgres]).",
+        ),
+    ] = None,
+    kill_one: Annotated[
+        bool, typer.Option("--kill-one", help="With --daemons: SIGKILL one daemon mid-job; the others take over.")
+    ] = False,
 ) -> None:
     """Run the example evaluation job keyless: 3 judges x 10 dimensions against the mock provider, limit 5."""
     from ledger.cli_jobs import print_scores
+
+    if daemons is not None:
+        _scale_demo(workdir, daemons, limit, latency, kill_one)
+        return
     from ledger.demo import run_demo
 
     with operator_errors():
@@ -426,6 +443,31 @@ def demo(
         f"ledger: {summary['database']}  (try: ledger report {summary['job_id']}, ledger requests, ledger show 1)",
         highlight=False,
     )
+
+
+def _scale_demo(workdir: Path, daemons: int, limit: int, latency: float, kill_one: bool) -> None:
+    from ledger.demo_scale import DemoDatabaseUnavailable, run_scale_demo
+
+    settings = settings_or_exit()
+    try:
+        with operator_errors():
+            summary = run_scale_demo(
+                workdir, daemons=daemons, url=settings.database_url, limit=limit, latency=latency, kill_one=kill_one
+            )
+    except DemoDatabaseUnavailable as exc:
+        fail(str(exc))
+    table = Table("daemon", "requests answered", "takeovers", "exit", title=f"{daemons} daemons, one PostgreSQL")
+    for row in summary["rows"]:
+        table.add_row(row["daemon"], str(row["answered"]), str(row["takeovers"]), row["exit"])
+    out.print(table)
+    out.print(
+        f"provider max in flight: {summary['max_in_flight']} (global limit {summary['limit']}); "
+        f"job {summary['job_id']} {summary['job_status']}, {summary['completed']} requests completed "
+        f"in {summary['wall_s']:.1f}s",
+        highlight=False,
+        soft_wrap=True,
+    )
+    out.print(f"ledger: {summary['database']}  (daemon logs in {workdir})", highlight=False, soft_wrap=True)
 
 
 def configure_logs(settings: Settings) -> None:

@@ -71,7 +71,7 @@ def pg_server(pytestconfig: pytest.Config) -> Iterator[PgServer]:
     trap_sigterm()
     embedded = EmbeddedPostgres()
     try:
-        server: PgServer | None = embedded.start()
+        server: PgServer | None = PgServer(dsn=embedded.start(), embedded=True)
         problem = ""
     except (PostgresUnavailable, OSError) as exc:
         server, problem = None, str(exc)

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import column, func, select, table
+from sqlalchemy import case, column, func, select, table
 from sqlalchemy.engine import Engine
 
-from ledger.models import BATCH_AUDIT_VIEW, LlmAttempt, LlmBatch, LlmPool, LlmRequest, RequestStatus
+from ledger.models import BATCH_AUDIT_VIEW, AttemptOutcome, LlmAttempt, LlmBatch, LlmPool, LlmRequest, RequestStatus
 from ledger.store.dialect import db_now
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -147,6 +147,26 @@ class AuditQueries:
     def attempt_count(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(attempts)).scalar_one())
+
+    def work_by_worker(self) -> dict[str, dict[str, int]]:
+        """Per daemon (worker id): requests it answered, and requests it took over from a daemon
+        whose lease lapsed (the attempt before its own was `lost` under another worker)."""
+        a, before = attempts.alias("a"), attempts.alias("before")
+        took_over = (
+            select(before.c.id)
+            .where(
+                before.c.request_id == a.c.request_id,
+                before.c.attempt == a.c.attempt - 1,
+                before.c.outcome == AttemptOutcome.LOST.value,
+                before.c.worker != a.c.worker,
+            )
+            .exists()
+        )
+        answered = func.sum(case((a.c.outcome == AttemptOutcome.SUCCEEDED.value, 1), else_=0))
+        takeovers = func.sum(case((took_over, 1), else_=0))
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(a.c.worker, answered, takeovers).group_by(a.c.worker).order_by(a.c.worker))
+            return {str(w): {"answered": int(n or 0), "takeovers": int(t or 0)} for w, n, t in rows}
 
     def pool_usage(self) -> dict[str, dict[str, Any]]:
         """Per endpoint: running (busy slots), queued, cooldown end if cooling down, learned limit."""

@@ -82,3 +82,23 @@ def test_bad_configuration_is_one_line_and_exit_2(tmp_path: Path, env: dict[str,
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_demo_with_daemons_shares_the_limit_and_takes_over_a_killed_daemon(pg_url: str, tmp_path: Path) -> None:
+    result = run("demo", "--daemons", "2", "--kill-one", cwd=tmp_path, env={"LEDGER_DATABASE_URL": pg_url})
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = re.findall(r"│ (demo-daemon-\d)\s*│\s*(\d+)\s*│\s*(\d+)\s*│\s*([^│]+?)\s*│", result.stdout)
+    assert [r[0] for r in rows] == ["demo-daemon-1", "demo-daemon-2"], result.stdout
+    assert sum(int(r[1]) for r in rows) == 30  # every request answered exactly once, across daemons
+    assert rows[0][3] == "killed (SIGKILL)" and rows[1][3] == "0"
+    said = r"provider max in flight: (\d+) \(global limit 5\); job example-eval completed"
+    in_flight = re.search(said, result.stdout)
+    assert in_flight and int(in_flight.group(1)) <= 5, result.stdout
+
+
+def test_demo_with_daemons_starts_its_own_postgresql_when_none_is_named(tmp_path: Path) -> None:
+    result = run("demo", "--daemons", "2", cwd=tmp_path)  # LEDGER_DATABASE_URL unset: the SQLite default
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = re.findall(r"│ (demo-daemon-\d)\s*│\s*(\d+)\s*│", result.stdout)
+    assert len(rows) == 2 and sum(int(n) for _, n in rows) == 30, result.stdout
+    assert "an embedded server, removed at the end" in result.stdout
