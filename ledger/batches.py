@@ -379,23 +379,41 @@ class BatchWorker:
     async def map_back(
         self, adapter: BatchAdapter, lease: BatchLease, row: dict[str, Any], batch: ProviderBatch
     ) -> None:
-        """Stream an ended batch's results into the ledger, a chunk per transaction; then end it."""
+        """Stream an ended batch's results into the ledger, a chunk per transaction; then end it.
+
+        The next chunk is downloaded and parsed while the previous one is written (one write
+        at a time, in order; at most three chunks in memory)."""
         t0 = time.monotonic()
         key = str(row["submit_key"])
         total = Mapped()
-        chunk: list[LineOutcome] = []
         foreign = 0
-        async for line in adapter.results(batch):
-            outcome = self._outcome(line, row, lease.id, key)
-            if outcome is None:
-                foreign += 1
-                continue
-            chunk.append(outcome)
-            if len(chunk) >= MAP_CHUNK:
-                total.add(await self._write_chunk(lease, chunk))
-                chunk = []
-        if chunk:
-            total.add(await self._write_chunk(lease, chunk))
+        send, receive = anyio.create_memory_object_stream[list[LineOutcome]](1)
+
+        async def write_all() -> None:
+            async with receive:
+                async for chunk in receive:
+                    total.add(await self._write_chunk(lease, chunk))
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(write_all)
+                async with send:
+                    chunk: list[LineOutcome] = []
+                    async for line in adapter.results(batch):
+                        outcome = self._outcome(line, row, lease.id, key)
+                        if outcome is None:
+                            foreign += 1
+                            continue
+                        chunk.append(outcome)
+                        if len(chunk) >= MAP_CHUNK:
+                            await send.send(chunk)
+                            chunk = []
+                    if chunk:
+                        await send.send(chunk)
+        except BaseExceptionGroup as group:  # a lost lease, a provider or database error: as it is
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         map_s = time.monotonic() - t0
         status, error, rejected, count_failure = await self._ending(lease, batch)
         left = await self._finish(lease, status, error=error, rejected=rejected, count_failure=count_failure)

@@ -20,12 +20,30 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, delete, func, insert, literal, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Integer,
+    String,
+    Text,
+    and_,
+    bindparam,
+    case,
+    column,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import AttemptOutcome, BatchStatus, Delivery, LlmBatch, RequestStatus
-from ledger.store.claim import ATTEMPT_END, QUEUED, attempts, requests
-from ledger.store.dialect import Dialect, db_now, db_now_plus
+from ledger.store.claim import QUEUED, attempts, requests
+from ledger.store.commit import transaction
+from ledger.store.dialect import Dialect, db_now, db_now_plus, json_param, json_rows, unindexed
 
 batches = LlmBatch.__table__  # type: ignore[attr-defined]
 _r, _b, _a = requests.c, batches.c, attempts.c
@@ -33,7 +51,8 @@ _r, _b, _a = requests.c, batches.c, attempts.c
 SUBMITTED = RequestStatus.SUBMITTED.value
 BATCH = Delivery.BATCH.value
 OPEN_BATCH = (BatchStatus.QUEUED.value, BatchStatus.SUBMITTING.value, BatchStatus.SUBMITTED.value)
-_CHUNK = 1000  # rows per statement when attaching or reading a batch's requests
+_CHUNK = 1000  # lines per set of statements when ending a batch's unanswered requests
+_ATTACH_CHUNK = 10_000  # requests per attaching statement
 
 
 class BatchLeaseLost(RuntimeError):
@@ -98,20 +117,56 @@ class Mapped:
 _FENCE = update(batches).where(
     _b.id == bindparam("b_batch"), _b.lease_token == bindparam("b_token"), _b.lease_owner == bindparam("b_worker")
 )
+# A chunk's result lines, one JSON parameter each (`json_rows`): one set-based statement per
+# kind of write, not one statement per line.
+_SUCCEEDED = json_rows(
+    "v",
+    "b_rows",
+    column("id", BigInteger),
+    column("raw", Text),
+    column("tin", Integer),
+    column("tout", Integer),
+    column("cost", Float),
+)
+_FAILED = json_rows(
+    "v",
+    "b_rows",
+    column("id", BigInteger),
+    column("status", String),
+    column("delay", Float),
+    column("code", String),
+    column("message", Text),
+    column("status_code", Integer),
+)
+_ENDED = json_rows(
+    "v",
+    "b_rows",
+    column("id", BigInteger),
+    column("outcome", String),
+    column("status_code", Integer),
+    column("code", String),
+    column("message", Text),
+    column("delay", Float),
+)
+_ATTACHED = json_rows("v", "b_rows", column("id", BigInteger))
+_v_ok, _v_fail, _v_end = _SUCCEEDED.c, _FAILED.c, _ENDED.c
+# Rows are reached by id from the chunk; these checks are made on each (`unindexed`).
+_in_batch, _status = unindexed(_r.batch_id) == bindparam("b_batch"), unindexed(_r.status)
+
 _MAP_SUCCEEDED = (
     update(requests)
     .where(
-        _r.id == bindparam("b_id"),
-        _r.batch_id == bindparam("b_batch"),
+        _r.id == _v_ok.id,
+        _in_batch,
         # Still waiting for this batch; or canceled meanwhile and still without the answer it paid for.
-        or_(_r.status == SUBMITTED, and_(_r.status == RequestStatus.CANCELED.value, _r.raw_output.is_(None))),
+        or_(_status == SUBMITTED, and_(_status == RequestStatus.CANCELED.value, _r.raw_output.is_(None))),
     )
     .values(
         status=case((_r.status == SUBMITTED, RequestStatus.COMPLETED.value), else_=_r.status),
-        raw_output=bindparam("b_raw"),
-        input_tokens=bindparam("b_in"),
-        output_tokens=bindparam("b_out"),
-        cost_usd=bindparam("b_cost"),
+        raw_output=_v_ok.raw,
+        input_tokens=_v_ok.tin,
+        output_tokens=_v_ok.tout,
+        cost_usd=_v_ok.cost,
         last_status_code=200,
         error_code=case((_r.status == SUBMITTED, None), else_=_r.error_code),
         error_message=case((_r.status == SUBMITTED, None), else_=_r.error_message),
@@ -119,36 +174,58 @@ _MAP_SUCCEEDED = (
         updated_at=db_now(),
     )
 )
-_STILL_WAITING = and_(_r.id == bindparam("b_id"), _r.batch_id == bindparam("b_batch"), _r.status == SUBMITTED)
 _MAP_FAILED = (
     update(requests)
-    .where(_STILL_WAITING)
+    .where(_r.id == _v_fail.id, _in_batch, _status == SUBMITTED)
     .values(
-        status=bindparam("b_status"),
-        next_attempt_at=db_now_plus(bindparam("b_delay")),
-        error_code=bindparam("b_code"),
-        error_message=bindparam("b_message"),
-        last_status_code=bindparam("b_status_code"),
-        completed_at=case((bindparam("b_status") == QUEUED, None), else_=db_now()),
+        status=_v_fail.status,
+        next_attempt_at=db_now_plus(_v_fail.delay),
+        error_code=_v_fail.code,
+        error_message=_v_fail.message,
+        last_status_code=_v_fail.status_code,
+        completed_at=case((_v_fail.status == QUEUED, None), else_=db_now()),
         updated_at=db_now(),
     )
+    .returning(_r.status)  # retried (back to the queue) and failed are counted apart
 )
-_CLOSE_ATTEMPT = (
+_CLOSE_ATTEMPTS = (
     update(attempts)
     .where(
-        _a.request_id == bindparam("b_id"),
+        _a.request_id == _v_end.id,
         _a.batch_id == bindparam("b_batch"),
         _a.outcome == AttemptOutcome.RUNNING.value,
     )
-    .values(**ATTEMPT_END)
+    .values(
+        outcome=_v_end.outcome,
+        status_code=_v_end.status_code,
+        error_code=_v_end.code,
+        error_message=_v_end.message,
+        retry_delay_s=_v_end.delay,
+        finished_at=db_now(),
+    )
 )
 _ATTACH = (
     update(requests)
-    .where(_r.id.in_(bindparam("b_ids", expanding=True)), _r.status == QUEUED, _r.delivery == BATCH)
+    .where(_r.id == _ATTACHED.c.id, _status == QUEUED, unindexed(_r.delivery) == BATCH)
     .values(status=SUBMITTED, batch_id=bindparam("b_batch"), attempts=_r.attempts + 1, updated_at=db_now())
-    .returning(_r.id, _r.attempts)
 )
-_OPEN_ATTEMPT = insert(attempts).values(started_at=db_now())
+# The attempts of the requests attached in this transaction: a batch is attached once (it leaves
+# `queued` in that same transaction), so its submitted requests are exactly these.
+_OPEN_ATTEMPTS = (
+    insert(attempts)
+    .from_select(
+        ["request_id", "attempt", "batch_id", "worker", "outcome", "started_at"],
+        select(
+            _r.id,
+            _r.attempts,
+            _r.batch_id,
+            bindparam("b_worker", type_=String),
+            literal(AttemptOutcome.RUNNING.value),
+            db_now(),
+        ).where(_r.batch_id == bindparam("b_batch"), _r.status == SUBMITTED),
+    )
+    .returning(_a.request_id)
+)
 _ATTEMPT_OUTCOME = {
     "succeeded": AttemptOutcome.SUCCEEDED.value,
     "failed": AttemptOutcome.FAILED.value,
@@ -167,7 +244,7 @@ class BatchQueries:
 
     def move_to_online(self, batch_providers: Iterable[str]) -> dict[str, int]:
         """Queued batch requests of providers without a batch API go through the online path."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             rows = conn.execute(
                 update(requests)
                 .where(_r.status == QUEUED, _r.delivery == BATCH, _r.provider.not_in(list(batch_providers)))
@@ -193,7 +270,7 @@ class BatchQueries:
 
     def open_batch(self, group: BatchGroup, worker: str, lease_seconds: float, submit_key: str) -> BatchLease:
         """The batch row, leased to `worker`, before any request is attached (status `queued`)."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             row = conn.execute(
                 insert(batches)
                 .values(
@@ -253,29 +330,17 @@ class BatchQueries:
         Returns the ids attached, in id order; the batch becomes `submitting`. A batch
         with nothing left to attach (all canceled meanwhile) is deleted.
         """
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             _fence(conn, lease)
-            attached: list[tuple[int, int]] = []
-            for start in range(0, len(ids), _CHUNK):
-                chunk = sorted(ids[start : start + _CHUNK])
-                attached += [(r.id, r.attempts) for r in conn.execute(_ATTACH, {"b_ids": chunk, "b_batch": lease.id})]
+            for start in range(0, len(ids), _ATTACH_CHUNK):
+                rows = json_param({"id": i} for i in ids[start : start + _ATTACH_CHUNK])
+                self.dialect.execute(conn, _ATTACH, {"b_rows": rows, "b_batch": lease.id})
+            params = {"b_batch": lease.id, "b_worker": lease.worker}
+            attached = [int(rid) for (rid,) in self.dialect.execute(conn, _OPEN_ATTEMPTS, params)]
             if not attached:
                 conn.execute(delete(batches).where(_b.id == lease.id))
                 return []
-            conn.execute(
-                _OPEN_ATTEMPT,
-                [
-                    {
-                        "request_id": rid,
-                        "attempt": n,
-                        "worker": lease.worker,
-                        "outcome": AttemptOutcome.RUNNING.value,
-                        "batch_id": lease.id,
-                    }
-                    for rid, n in attached
-                ],
-            )
             conn.execute(
                 update(batches)
                 .where(_b.id == lease.id)
@@ -286,7 +351,9 @@ class BatchQueries:
                     updated_at=db_now(),
                 )
             )
-        return sorted(rid for rid, _ in attached)
+        with transaction(self.engine, self.dialect) as conn:  # the mapping's plans need to know these attempts exist
+            self.dialect.refresh_statistics(conn, attempts)
+        return sorted(attached)
 
     # -- leases ----------------------------------------------------------------
 
@@ -305,7 +372,7 @@ class BatchQueries:
                 ),
             ),
         )
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             picked = conn.execute(
                 self.dialect.for_update(
                     select(_b.id)
@@ -330,20 +397,20 @@ class BatchQueries:
             return dict(row._mapping)
 
     def renew_batch(self, lease: BatchLease, lease_seconds: float) -> bool:
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             return bool(
                 conn.execute(_FENCE.values(lease_expires_at=db_now_plus(lease_seconds)), _lease_params(lease)).rowcount
             )
 
     def release_batch(self, lease: BatchLease, poll_in: float | None = None) -> None:
         """End a step: the lease is let go (any daemon may take the next step), next poll set."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             _fence(conn, lease, **_released(poll_in))
 
     def release_batch_leases(self, worker: str) -> int:
         """At start (a previous process under this worker id) or at stop: every batch lease
         held under `worker` is let go, so the next step is taken at once, by any daemon."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             return int(
                 conn.execute(
                     update(batches)
@@ -356,14 +423,14 @@ class BatchQueries:
 
     def set_input_file(self, lease: BatchLease, file_id: str) -> None:
         """The uploaded input's id, stored before the create call that uses it."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             _fence(conn, lease, input_file_id=file_id)
 
     def mark_submitted(
         self, lease: BatchLease, provider_batch_id: str, provider_status: str, poll_in: float, *, adopted: bool = False
     ) -> None:
         """The provider has the batch: recorded, and the step's lease let go until the first poll."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             _fence(
                 conn,
                 lease,
@@ -395,7 +462,7 @@ class BatchQueries:
             values |= {"output_file_id": output_file_id, "error_file_id": error_file_id}
         if release_for is not None:
             values |= _released(release_for)
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             _fence(conn, lease, **values)
 
     # -- mapping results back --------------------------------------------------
@@ -410,7 +477,7 @@ class BatchQueries:
         later batch while the request's failed attempts stay under `max_attempts` and the
         error is retryable, else `error`; expired / canceled: back to the queue, not counted.
         """
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             _fence(conn, lease)
             return _map_in(conn, self.dialect, lease.id, lines, max_attempts, delay_for)
@@ -433,7 +500,7 @@ class BatchQueries:
         expired or canceled batch) → back to the queue, not counted. Then the batch ends
         `status`, its lease let go."""
         mapped = Mapped()
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             row = _fence(conn, lease)
             left = list(conn.execute(select(_r.id).where(_r.batch_id == lease.id, _r.status == SUBMITTED)).scalars())
@@ -467,7 +534,7 @@ class BatchQueries:
             where.append(_b.id == batch_id)
         if job_id is not None:
             where.append(_b.job_id == job_id)
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             rows = conn.execute(
                 update(batches)
                 .where(*where)
@@ -478,7 +545,7 @@ class BatchQueries:
 
     def note_cancel_sent(self, batch_id: int) -> None:
         """The provider took the cancel (from a poll step or from `ledger cancel --batch`): poll now."""
-        with self.engine.begin() as conn:
+        with transaction(self.engine, self.dialect) as conn:
             conn.execute(
                 update(batches)
                 .where(_b.id == batch_id, _b.cancel_sent_at.is_(None))
@@ -552,54 +619,47 @@ def _map_in(
     failed_before = _failed_attempts(conn, [x.request_id for x in lines if x.kind == "failed"])
     succeeded: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
-    closed: list[dict[str, Any]] = []
+    ended: list[dict[str, Any]] = []
     for x in lines:
-        base = {"b_id": x.request_id, "b_batch": batch_id}
         delay = None
         if x.kind == "succeeded":
             succeeded.append(
-                base | {"b_raw": x.text, "b_in": x.input_tokens, "b_out": x.output_tokens, "b_cost": x.cost_usd}
+                {"id": x.request_id, "raw": x.text, "tin": x.input_tokens, "tout": x.output_tokens, "cost": x.cost_usd}
             )
         elif x.kind == "failed":
             number = failed_before.get(x.request_id, 0) + 1
             retry = x.retryable and number < max_attempts
             delay = delay_for(number) if retry else 0.0
             failed.append(
-                base
-                | {
-                    "b_status": QUEUED if retry else RequestStatus.ERROR.value,
-                    "b_delay": delay,
-                    "b_code": x.error_code,
-                    "b_message": x.message,
-                    "b_status_code": x.status_code,
+                {
+                    "id": x.request_id,
+                    "status": QUEUED if retry else RequestStatus.ERROR.value,
+                    "delay": delay,
+                    "code": x.error_code,
+                    "message": x.message,
+                    "status_code": x.status_code,
                 }
             )
-        closed.append(
-            base
-            | {
-                "b_outcome": _ATTEMPT_OUTCOME[x.kind],
-                "b_status": x.status_code,
-                "b_code": x.error_code,
-                "b_message": x.message,
-                "b_delay": delay,
+        ended.append(
+            {
+                "id": x.request_id,
+                "outcome": _ATTEMPT_OUTCOME[x.kind],
+                "status_code": x.status_code,
+                "code": x.error_code,
+                "message": x.message,
+                "delay": delay,
             }
         )
     if succeeded:
-        mapped.completed = dialect.executemany(conn, _MAP_SUCCEEDED, succeeded)
+        params = {"b_rows": json_param(succeeded), "b_batch": batch_id}
+        mapped.completed = dialect.execute(conn, _MAP_SUCCEEDED, params).rowcount
     if failed:
-        # Split by outcome so each count is exact even when some rows were already mapped.
-        for status, params in (
-            (QUEUED, [f for f in failed if f["b_status"] == QUEUED]),
-            (RequestStatus.ERROR.value, [f for f in failed if f["b_status"] != QUEUED]),
-        ):
-            if params:
-                matched = dialect.executemany(conn, _MAP_FAILED, params)
-                if status == QUEUED:
-                    mapped.retried = matched
-                else:
-                    mapped.failed = matched
-    if closed:
-        dialect.executemany(conn, _CLOSE_ATTEMPT, closed)
+        params = {"b_rows": json_param(failed), "b_batch": batch_id}
+        statuses = list(dialect.execute(conn, _MAP_FAILED, params).scalars())
+        mapped.retried = statuses.count(QUEUED)
+        mapped.failed = len(statuses) - mapped.retried
+    if ended:
+        dialect.execute(conn, _CLOSE_ATTEMPTS, {"b_rows": json_param(ended), "b_batch": batch_id})
     mapped.requeued = _requeue(conn, batch_id, [x.request_id for x in lines if x.kind in ("expired", "canceled")])
     mapped.kept = len(lines) - mapped.completed - mapped.failed - mapped.retried - mapped.requeued
     return mapped

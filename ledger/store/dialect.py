@@ -14,16 +14,23 @@ constructs defined here:
 - `Dialect.for_update()`: `FOR UPDATE SKIP LOCKED` where it exists.
 - `Dialect.bound_waits()`: a transaction that gives up waiting after a deadline
   (PostgreSQL's `lock_timeout` / `statement_timeout`).
+- `unindexed(column)`: the column's value, which the planner may not search an index by.
+- `json_rows`: a chunk of rows passed as one JSON parameter and used as a table
+  (`UPDATE ... FROM`), so a chunk of thousands of rows is one set-based statement:
+  PostgreSQL's `json_to_recordset`, SQLite's `json_each`.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import DateTime, Table, event, text
+from sqlalchemy import DateTime, String, Table, bindparam, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine.cursor import CursorResult
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import expression
@@ -98,6 +105,71 @@ def _sqlite_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> 
     return f"strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', CAST({seconds} AS REAL))) || '000'"
 
 
+class unindexed(expression.FunctionElement[Any]):
+    """A column's value, hidden from the planner's index choice (SQLite's unary `+`; on
+    PostgreSQL `col || ''` or `col + 0`).
+
+    For the checks a `json_rows` join makes on each row it reaches by primary key: with
+    no statistics yet (a table just filled) both planners would otherwise scan an index
+    on such a check, `status = 'queued'` say, for every row it matches, and probe the
+    chunk for each.
+    """
+
+    inherit_cache = True
+
+    def __init__(self, col: expression.ColumnElement[Any]) -> None:
+        super().__init__(col)
+        self.type = col.type
+
+
+@compiles(unindexed, "postgresql")
+def _pg_unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    value = compiler.process(next(iter(element.clauses)), **kw)
+    return f"({value} || '')" if isinstance(element.type, String) else f"({value} + 0)"
+
+
+@compiles(unindexed, "sqlite")
+def _sqlite_unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"+{compiler.process(next(iter(element.clauses)), **kw)}"
+
+
+class json_rows(expression.TableClause):
+    """Rows given as one JSON parameter (a list of objects, `json_param`), usable as a
+    table: `v = json_rows("v", "b_rows", column("id", BigInteger), ...)`, then `v.c.id`.
+
+    One statement (one round trip, one parse) writes a whole chunk, where per-row
+    statements cost a round trip and an executor start each. Only as an extra FROM.
+    """
+
+    inherit_cache = False  # compiled once per engine by `Dialect`, never through the statement cache
+
+    def __init__(self, name: str, param: str, *columns: expression.ColumnClause[Any]) -> None:
+        super().__init__(name, *columns)
+        self.param = param
+
+
+def json_param(rows: Iterable[dict[str, Any]]) -> str:
+    """The value of a `json_rows` parameter."""
+    return json.dumps(list(rows), separators=(",", ":"))
+
+
+def _rows_param(element: json_rows, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(bindparam(element.param, type_=String()), **kw)
+
+
+@compiles(json_rows, "postgresql")
+def _pg_rows(element: json_rows, compiler: SQLCompiler, **kw: Any) -> str:
+    types = compiler.dialect.type_compiler_instance
+    cols = ", ".join(f"{c.name} {types.process(c.type)}" for c in element.columns)
+    return f"json_to_recordset(CAST({_rows_param(element, compiler, **kw)} AS json)) AS {element.name}({cols})"
+
+
+@compiles(json_rows, "sqlite")
+def _sqlite_rows(element: json_rows, compiler: SQLCompiler, **kw: Any) -> str:
+    cols = ", ".join(f"json_extract(value, '$.{c.name}') AS {c.name}" for c in element.columns)
+    return f"(SELECT {cols} FROM json_each({_rows_param(element, compiler, **kw)})) AS {element.name}"
+
+
 class Dialect:
     """What differs between the two databases, and nothing else."""
 
@@ -134,6 +206,14 @@ class Dialect:
                 {"ms": ms},
             )
 
+    def refresh_statistics(self, conn: Connection, table: Table) -> None:
+        """PostgreSQL: ANALYZE `table` after a write that changed much of it. Until autovacuum
+        gets to it, its planner would take a table just filled for one of a few rows and scan
+        it once per row of a `json_rows` chunk. SQLite's plans for these statements do not
+        depend on statistics."""
+        if self.name == "postgresql":
+            conn.exec_driver_sql(f"ANALYZE {table.name}")
+
     def insert_ignore(self, table: Table, conflict_columns: list[str]) -> Insert:
         """INSERT that silently skips rows whose unique key already exists (idempotency)."""
         module = postgresql if self.name == "postgresql" else sqlite
@@ -158,20 +238,14 @@ class Dialect:
         )
         return stmt
 
-    def executemany(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> int:
-        """Run `stmt` once per row, returning the rows matched in all.
-
-        The statement is compiled once per engine and the rows go to the driver as they
-        are: SQLAlchemy's per-row parameter processing cost as much as the database's own
-        work for a chunk of thousands of result lines. Only for plain values (str, int,
-        float, None), which need no type processing.
-        """
+    def execute(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> CursorResult[Any]:
+        """Run a hot statement, compiled once per engine, with `params` handed to the driver as
+        they are (SQLAlchemy's parameter processing skipped). Only for plain values (str,
+        int, float, None, a `json_param`), which need no type processing."""
         sql, names, defaults = self._compiled(conn, stmt)
-        if names is None:  # named parameters (psycopg's pyformat): dicts, with the literal defaults
-            params: list[Any] = [{**defaults, **row} for row in rows]
-        else:  # positional (sqlite's qmark): tuples in the statement's order
-            params = [tuple(row[n] if n in row else defaults[n] for n in names) for row in rows]
-        return int(conn.exec_driver_sql(sql, params).rowcount)
+        values = {**defaults, **params}
+        args: Any = values if names is None else tuple(values[n] for n in names)
+        return conn.exec_driver_sql(sql, args)
 
     def _compiled(self, conn: Connection, stmt: Any) -> tuple[str, tuple[str, ...] | None, dict[str, Any]]:
         key = id(stmt)
