@@ -48,6 +48,9 @@ class CommitNotApplied(OperationalError):
 
 # Any stable 64-bit number: the advisory lock key that serialises claimers.
 CLAIM_LOCK_KEY = 7_391_046_221
+# The lock is per schema: advisory locks are database-wide, and ledgers in different schemas
+# of one database (tenants, test runs, benchmarks) must not queue behind each other's claims.
+CLAIM_LOCK = f"hashtextextended(current_schema(), {CLAIM_LOCK_KEY})"
 
 _SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'"
 
@@ -184,9 +187,7 @@ class Dialect:
         if self.name == "postgresql":
             # The transaction id comes back with the lock, for free: if the COMMIT's answer is
             # lost, `commit.transaction` asks the server what became of it (`transaction_committed`).
-            xid = conn.execute(
-                text("SELECT pg_advisory_xact_lock(:key), pg_current_xact_id()::text"), {"key": CLAIM_LOCK_KEY}
-            ).one()[1]
+            xid = conn.execute(text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK}), pg_current_xact_id()::text")).one()[1]
             conn.info[XID_KEY] = xid
         # SQLite: BEGIN IMMEDIATE already holds the only write lock.
 

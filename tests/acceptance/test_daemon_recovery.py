@@ -14,7 +14,7 @@ import psycopg
 from sqlalchemy import text
 
 from ledger.store import Store
-from ledger.store.dialect import CLAIM_LOCK_KEY
+from ledger.store.dialect import CLAIM_LOCK
 from tests.acceptance.procs import (
     LEDGER,
     balanced,
@@ -224,8 +224,9 @@ def test_calls_whose_leases_cannot_be_renewed_are_cut_off_before_the_leases_laps
         daemon = start_daemon(env, log, "--until-idle")
         wait_for(lambda: mock.stats()["in_flight"] == 3)
         blocker = psycopg.connect(pg_dsn, autocommit=True)
-        blocker.execute("SELECT pg_advisory_lock(%s)", (CLAIM_LOCK_KEY,))
         schema = pg_url.split("search_path%3D")[1]
+        blocker.execute(f'SET search_path TO "{schema}"')  # the claim lock is the ledger's schema's
+        blocker.execute(f"SELECT pg_advisory_lock({CLAIM_LOCK})")
         lapse_at = blocker.execute(  # when the first lease lapses: nothing can renew it past this lock
             f'SELECT EXTRACT(EPOCH FROM MIN(lease_expires_at)) FROM "{schema}".llm_requests'
         ).fetchone()

@@ -45,3 +45,29 @@ def test_a_daemon_frozen_holding_the_claim_lock_is_cut_off_and_the_others_claim(
     thread.join()
     assert len(claimed.requests) == 1 and still_frozen  # claimed while the frozen daemon still slept
     assert errors, "the frozen session should have been ended by the server"
+
+
+def test_ledgers_in_two_schemas_of_one_database_do_not_share_the_claim_lock(pg_url: str, pg_dsn: str) -> None:
+    """Advisory locks are database-wide; the claim lock is keyed by schema, so one ledger's claim
+    never waits for another's (tenants, test runs and benchmarks side by side)."""
+    import psycopg
+
+    other_schema = "t_other_" + pg_url.rsplit("%3D", 1)[1][2:]
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{other_schema}"')
+        try:
+            mine, other = Store(pg_url), Store(pg_url.rsplit("%3D", 1)[0] + "%3D" + other_schema)
+            other.enqueue([to_row(build_spec(model="m", provider="mock", messages=[{"role": "user", "content": "x"}]))])
+            claimed: list[int] = []
+            with mine.engine.begin() as conn:
+                mine.dialect.serialize_claimers(conn)  # a claim in progress in the first ledger, held
+                thread = threading.Thread(target=lambda: claimed.append(len(other.claim("other", **LIMITS).requests)))
+                thread.start()
+                thread.join(timeout=10)  # a shared lock would keep it waiting until this block ends
+                finished_while_held = not thread.is_alive()
+            thread.join()
+            assert finished_while_held and claimed == [1]
+            other.close()
+            mine.close()
+        finally:
+            admin.execute(f'DROP SCHEMA "{other_schema}" CASCADE')

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ledger.enqueue import build_spec, to_row
 from ledger.store import Store
-from ledger.store.dialect import CLAIM_LOCK_KEY
+from ledger.store.dialect import CLAIM_LOCK
 from ledger.store.queue import CancelResult
 from ledger.store.rows import AttemptFailure, Claim, Completed, RetryLater, Written
 
@@ -209,7 +209,7 @@ def test_recording_while_a_claimer_reclaims_the_same_row_does_not_deadlock(pg_ur
     (call,) = claim(store, "slow", lease=-1).requests  # its lease ran out while the call was made
     with claimer.engine.connect() as conn:
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CLAIM_LOCK_KEY})  # a claim in progress
+        conn.execute(text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK})"))  # a claim in progress
         thread, box = in_thread(
             lambda: store.record([Completed(call, 1, "paid", 3)], claim_for="slow", lease_seconds=30, **LIMITS)
         )
@@ -284,7 +284,7 @@ def test_a_renewal_given_up_on_never_lands_later(pg_url: str) -> None:
     key = (call.id, call.token)
     before = store.get_request(call.id)["lease_expires_at"]  # type: ignore[index]
     with blocker.engine.connect() as conn:
-        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CLAIM_LOCK_KEY})
+        conn.execute(text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK})"))
         thread, box = in_thread(lambda: store.renew_leases("w", 600, [key], wait_at_most=0.2))
         thread.join(timeout=10)  # without its own deadline it would wait here for the blocker
         conn.commit()
