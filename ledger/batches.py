@@ -54,6 +54,7 @@ from ledger.retry import RetryPolicy
 from ledger.settings import Settings
 from ledger.store import Store
 from ledger.store.batches import BatchGroup, BatchLease, BatchLeaseLost, LineOutcome, Mapped
+from ledger.waits import as_raised
 
 LOG = logging.getLogger("ledger.batches")
 _CUSTOM_ID = re.compile(r"^b(\d+)-([0-9a-f]+)-r(\d+)$")
@@ -181,20 +182,21 @@ class BatchWorker:
     async def leased(self, lease: BatchLease) -> AsyncIterator[None]:
         """Keep the batch's lease while the step runs; a renewal that finds it lost stops the step."""
         lost: list[bool] = []
-        async with anyio.create_task_group() as tg:
+        with as_raised():
+            async with anyio.create_task_group() as tg:
 
-            async def renew() -> None:
-                while True:
-                    await anyio.sleep(self.settings.lease_seconds / 3)
-                    with suppress(DBAPIError):  # the lane retried; the next try or the fence decides
-                        if not await self.lane.run(self.store.renew_batch, lease, self.settings.lease_seconds):
-                            lost.append(True)
-                            tg.cancel_scope.cancel()
-                            return
+                async def renew() -> None:
+                    while True:
+                        await anyio.sleep(self.settings.lease_seconds / 3)
+                        with suppress(DBAPIError):  # the lane retried; the next try or the fence decides
+                            if not await self.lane.run(self.store.renew_batch, lease, self.settings.lease_seconds):
+                                lost.append(True)
+                                tg.cancel_scope.cancel()
+                                return
 
-            tg.start_soon(renew)
-            yield
-            tg.cancel_scope.cancel()
+                tg.start_soon(renew)
+                yield
+                tg.cancel_scope.cancel()
         if lost:
             raise BatchLeaseLost(f"batch {lease.id}: lease taken over while a step ran")
 
@@ -394,7 +396,7 @@ class BatchWorker:
                 async for chunk in receive:
                     total.add(await self._write_chunk(lease, chunk))
 
-        try:
+        with as_raised():  # a lost lease, a provider or database error: as it is
             async with anyio.create_task_group() as tg:
                 tg.start_soon(write_all)
                 async with send:
@@ -410,10 +412,6 @@ class BatchWorker:
                             chunk = []
                     if chunk:
                         await send.send(chunk)
-        except BaseExceptionGroup as group:  # a lost lease, a provider or database error: as it is
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
         map_s = time.monotonic() - t0
         status, error, rejected, count_failure = await self._ending(lease, batch)
         left = await self._finish(lease, status, error=error, rejected=rejected, count_failure=count_failure)
