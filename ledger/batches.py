@@ -214,7 +214,7 @@ class BatchWorker:
             ids = sorted(await self.lane.run(self.store.group_request_ids, group, limit))
             path = self._workdir / f"batch-{lease.id}.input"
             chosen, size = await self._write_input(adapter, lease.id, key, ids, path, max_bytes)
-            attached = await self.lane.run(self.store.attach, lease, chosen, size)
+            attached = await self.lane.run(self.store.attach, lease, chosen, size, self.settings.daily_budget_usd)
             if not attached:
                 path.unlink(missing_ok=True)
                 return

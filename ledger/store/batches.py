@@ -41,7 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import AttemptOutcome, BatchStatus, Delivery, LlmBatch, RequestStatus
-from ledger.store.claim import QUEUED, attempts, requests
+from ledger.store.claim import QUEUED, Budget, attempts, requests
 from ledger.store.commit import transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus, json_param, json_rows, unindexed
 
@@ -167,6 +167,7 @@ _MAP_SUCCEEDED = (
         input_tokens=_v_ok.tin,
         output_tokens=_v_ok.tout,
         cost_usd=_v_ok.cost,
+        reserved_usd=None,
         last_status_code=200,
         error_code=case((_r.status == SUBMITTED, None), else_=_r.error_code),
         error_message=case((_r.status == SUBMITTED, None), else_=_r.error_message),
@@ -183,6 +184,7 @@ _MAP_FAILED = (
         error_code=_v_fail.code,
         error_message=_v_fail.message,
         last_status_code=_v_fail.status_code,
+        reserved_usd=None,
         completed_at=case((_v_fail.status == QUEUED, None), else_=db_now()),
         updated_at=db_now(),
     )
@@ -207,7 +209,13 @@ _CLOSE_ATTEMPTS = (
 _ATTACH = (
     update(requests)
     .where(_r.id == _ATTACHED.c.id, _status == QUEUED, unindexed(_r.delivery) == BATCH)
-    .values(status=SUBMITTED, batch_id=bindparam("b_batch"), attempts=_r.attempts + 1, updated_at=db_now())
+    .values(
+        status=SUBMITTED,
+        batch_id=bindparam("b_batch"),
+        attempts=_r.attempts + 1,
+        reserved_usd=_r.estimate_usd,  # budgets: held until the batch's result settles it
+        updated_at=db_now(),
+    )
 )
 # The attempts of the requests attached in this transaction: a batch is attached once (it leaves
 # `queued` in that same transaction), so its submitted requests are exactly these.
@@ -324,15 +332,21 @@ class BatchQueries:
         with self.engine.connect() as conn:
             return list(conn.execute(query).scalars())
 
-    def attach(self, lease: BatchLease, ids: Sequence[int], input_bytes: int) -> list[int]:
+    def attach(
+        self, lease: BatchLease, ids: Sequence[int], input_bytes: int, daily_budget: float | None = None
+    ) -> list[int]:
         """Attach requests to the batch (those still queued): `submitted`, attempt counted and opened.
 
-        Returns the ids attached, in id order; the batch becomes `submitting`. A batch
-        with nothing left to attach (all canceled meanwhile) is deleted.
+        Like a claim, an attach reserves each request's worst-case cost against today's
+        budget and its job's, under the claim lock: requests that do not fit stay queued
+        for a later batch. Returns the ids attached, in id order; the batch becomes
+        `submitting`. A batch with nothing left to attach (all canceled meanwhile, or
+        none affordable) is deleted.
         """
         with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             _fence(conn, lease)
+            ids = _affordable(conn, ids, daily_budget)
             for start in range(0, len(ids), _ATTACH_CHUNK):
                 rows = json_param({"id": i} for i in ids[start : start + _ATTACH_CHUNK])
                 self.dialect.execute(conn, _ATTACH, {"b_rows": rows, "b_batch": lease.id})
@@ -712,3 +726,16 @@ def _end_canceled(conn: Connection, batch_id: int, ids: list[int]) -> int:
             )
         ).rowcount
     )
+
+
+def _affordable(conn: Connection, ids: Sequence[int], daily_budget: float | None) -> list[int]:
+    """The ids whose worst-case cost fits today's budget and their jobs' (all, when no cap applies)."""
+    rows: list[Any] = []
+    for start in range(0, len(ids), _ATTACH_CHUNK):
+        rows += conn.execute(
+            select(_r.id, _r.job_id, _r.estimate_usd)
+            .where(_r.id.in_(list(ids[start : start + _ATTACH_CHUNK])), _r.status == QUEUED)
+            .order_by(_r.id)
+        ).all()
+    budget = Budget.read(conn, daily_budget, rows)
+    return [int(row.id) for row in budget.affordable(rows)]

@@ -297,6 +297,10 @@ class Budget:
                 job_left[job_id] = float(cap) - job_spent(conn, job_id)
         return cls(daily_left, job_left)
 
+    def affordable(self, rows: list[Any]) -> list[Any]:
+        """The rows (id, job_id, estimate_usd) that fit, in order, each reserved as it is taken."""
+        return [row for row in rows if self.reserve(row.job_id, row.estimate_usd)]
+
     def reserve(self, job_id: str | None, estimate: float | None) -> bool:
         """Take `estimate` from what is left, or say it does not fit."""
         if estimate is None:
@@ -313,15 +317,15 @@ class Budget:
         return True
 
 
-_RESERVED = func.coalesce(func.sum(case((_c.status == RUNNING, _c.reserved_usd), else_=None)), 0.0)
+# Reservations count while their call may be spending: online in flight, or in a provider batch.
+_SPENDING = _c.status.in_([RUNNING, RequestStatus.SUBMITTED.value])
+_RESERVED = func.coalesce(func.sum(case((_SPENDING, _c.reserved_usd), else_=None)), 0.0)
 
 
 def spent_today(conn: Connection) -> float:
     """Today's spend (UTC day, the database's clock): costs of what finished today + reservations in flight."""
     finished = func.coalesce(func.sum(case((_c.completed_at >= db_today(), _c.cost_usd), else_=None)), 0.0)
-    row = conn.execute(
-        select(finished, _RESERVED).where(or_(_c.completed_at >= db_today(), _c.status == RUNNING))
-    ).one()
+    row = conn.execute(select(finished, _RESERVED).where(or_(_c.completed_at >= db_today(), _SPENDING))).one()
     return float(row[0]) + float(row[1])
 
 

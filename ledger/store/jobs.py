@@ -154,10 +154,11 @@ class JobQueries:
             return dict(row._mapping) if row is not None else None
 
     def job_progress(self, job_id: str) -> dict[str, Any]:
-        """Requests done/total, open and running, and the job's spend so far."""
+        """Requests done/total, open, running (in flight online or in a provider batch), and spend so far."""
         c = requests.c
         done = func.sum(case((c.status.in_(FINAL_STATUSES), 1), else_=0))
-        running = func.sum(case((c.status == RequestStatus.RUNNING.value, 1), else_=0))
+        spending = (RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value)  # online, or in a provider batch
+        running = func.sum(case((c.status.in_(spending), 1), else_=0))
         with self.engine.connect() as conn:
             row = conn.execute(select(func.count(), done, running).where(c.job_id == job_id)).one()
             spent = job_spent(conn, job_id)

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from sqlalchemy import text
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from adapters.mock_provider.answers import chat_answer
@@ -253,3 +254,27 @@ def test_a_batch_delivery_job_goes_through_one_provider_batch(db_url: str, mock:
     assert {k: o["score"] for k, o in opinions.items()} == expected_scores(store, "viabatch")
     assert mock.stats()["batch_creates"] == {"openai": 1} and mock.stats()["calls"] == 0
     assert all(r["cost_usd"] for r in store.request_results(job_id="viabatch"))
+
+
+def test_a_batch_job_attaches_only_what_its_budget_can_pay_for(db_url: str, mock: RunningMockProvider) -> None:
+    """An attach reserves like a claim: the first batch holds only the requests whose worst case
+    fits the job's budget; the rest wait for later batches, paid from what is left."""
+    settings = batch_settings(db_url, mock)
+    store = Store(db_url)
+    spec = small_spec("thrifty", dims=6, delivery="batch", budget_usd=0.004)
+    trigger(store, settings, spec)
+    estimates = sorted(r["estimate_usd"] for r in rows_of(store, "thrifty"))
+    affordable = max(n for n in range(7) if sum(estimates[:n]) <= 0.004)
+    assert 1 <= affordable < 6  # the budget holds some of the job, not all of it
+    run(settings)
+    with store.engine.connect() as conn:
+        first = conn.execute(text("SELECT request_total FROM llm_batches ORDER BY id LIMIT 1")).scalar_one()
+    assert first == affordable
+    assert store.get_job("thrifty")["status"] == "completed"  # type: ignore[index]
+    assert sum(r["cost_usd"] for r in store.request_results(job_id="thrifty")) <= 0.004
+
+
+def rows_of(store: Store, job_id: str) -> list[dict[str, Any]]:
+    with store.engine.connect() as conn:
+        found = conn.execute(text("SELECT id, estimate_usd FROM llm_requests WHERE job_id = :j"), {"j": job_id})
+        return [dict(r._mapping) for r in found]
