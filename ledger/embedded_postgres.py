@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -132,6 +133,9 @@ class EmbeddedPostgres:
         self.base: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.dsn = ""
+        self._args: list[str] = []
+        self._log = Path(os.devnull)
+        self._popen_kwargs: dict[str, Any] = {}
 
     def start(self, timeout: float = 60.0) -> str:
         """Start the server; returns its libpq URL (superuser `postgres`, database `postgres`)."""
@@ -193,20 +197,19 @@ class EmbeddedPostgres:
             args += ["-k", str(run)]
             for key, value in SERVER_SETTINGS.items():
                 args += ["-c", f"{key}={value}"]
-            with log.open("ab") as out:
-                self.proc = subprocess.Popen(
-                    args,
-                    cwd=run,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # the terminal's Ctrl-C is for pytest, not for the server
-                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-                    user=user,
-                    group=group,
-                    extra_groups=extra_groups,
-                )
+            self._args, self._log = args, log
+            self._popen_kwargs = {
+                "cwd": run,
+                "env": env,
+                "stdin": subprocess.DEVNULL,
+                "stderr": subprocess.STDOUT,
+                "start_new_session": True,  # the terminal's Ctrl-C is for the owner, not for the server
+                "preexec_fn": _die_with_parent if sys.platform.startswith("linux") else None,
+                "user": user,
+                "group": group,
+                "extra_groups": extra_groups,
+            }
+            self._spawn()
             if self._wait_ready(timeout):
                 return self.dsn
             if "could not bind" not in log.read_text(errors="replace"):
@@ -214,6 +217,22 @@ class EmbeddedPostgres:
         tail = log.read_text(errors="replace").strip()[-1500:]
         self.stop()
         raise PostgresUnavailable(f"the throwaway server did not start:\n{tail}")
+
+    def _spawn(self) -> None:
+        with self._log.open("ab") as out:
+            self.proc = subprocess.Popen(self._args, stdout=out, **self._popen_kwargs)
+
+    def halt(self) -> None:
+        """Stop the server (fast shutdown) but keep its data and port: an outage, until `resume()`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(timeout=30)
+
+    def resume(self, timeout: float = 60.0) -> None:
+        """Start the halted server again, same data, same port."""
+        self._spawn()
+        if not self._wait_ready(timeout):
+            raise PostgresUnavailable("the throwaway server did not start again")
 
     def _wait_ready(self, timeout: float) -> bool:
         assert self.proc is not None
