@@ -140,10 +140,6 @@ class JobQueries:
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(select(jobs).where(_ACTIVE).order_by(jobs.c.created_at))]
 
-    def active_job_count(self) -> int:
-        with self.engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(jobs).where(_ACTIVE)).scalar_one())
-
     def has_active_jobs(self) -> bool:
         with self.engine.connect() as conn:
             return conn.execute(select(jobs.c.id).where(_ACTIVE).limit(1)).first() is not None
@@ -178,10 +174,6 @@ class JobQueries:
                 select(func.min(c.estimate_usd)).where(c.job_id == job_id, c.status == RequestStatus.QUEUED.value)
             ).scalar_one()
         return None if found is None else float(found)
-
-    def job_spend(self, job_id: str) -> float:
-        with self.engine.connect() as conn:
-            return job_spent(conn, job_id)
 
     def spend_today(self) -> float:
         with self.engine.connect() as conn:
