@@ -37,10 +37,14 @@ RESOLVE_WITHIN_S = 60.0
 def transaction(engine: Engine, dialect: Dialect) -> Iterator[Connection]:
     """`engine.begin()`, with a lost COMMIT resolved instead of left unknown."""
     with engine.connect() as conn:
+        # `info` lives as long as the pooled DBAPI connection: an id left by an earlier
+        # transaction (rolled back, or run outside this function) must never be asked about.
+        conn.info.pop(XID_KEY, None)
         trans = conn.begin()
         try:
             yield conn
         except BaseException:
+            conn.info.pop(XID_KEY, None)
             if trans.is_active:
                 trans.rollback()
             raise
