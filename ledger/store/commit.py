@@ -39,12 +39,12 @@ def transaction(engine: Engine, dialect: Dialect) -> Iterator[Connection]:
     with engine.connect() as conn:
         # `info` lives as long as the pooled DBAPI connection: an id left by an earlier
         # transaction (rolled back, or run outside this function) must never be asked about.
+        # (Cleared here, not on rollback: an invalidated connection's `info` cannot be read.)
         conn.info.pop(XID_KEY, None)
         trans = conn.begin()
         try:
             yield conn
         except BaseException:
-            conn.info.pop(XID_KEY, None)
             if trans.is_active:
                 trans.rollback()
             raise
