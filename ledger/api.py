@@ -114,7 +114,9 @@ class Ledger:
         if isinstance(target, str):
             rows = self.store.request_results(job_id=target)
             job = self.store.get_job(target)
-            job_over = job is None or job["kind"] != "eval" or job["status"] != "running"
+            if job is None:
+                raise LookupError(f"no job {target!r}")
+            job_over = job["kind"] != "eval" or job["status"] != "running"
             settled = job_over and all(r["settled"] for r in rows)
         else:
             rows = self.store.request_results(ids=list(target))

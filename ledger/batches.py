@@ -136,8 +136,10 @@ class BatchWorker:
                 continue
             if stop.is_set():
                 return did
-            await self._guarded(self.submit_group(group))
-            did = True
+            # A group none of whose requests the budget can pay for attaches nothing: that is no
+            # progress, so the loop waits for its poll interval instead of trying again at once.
+            if await self._guarded(self.submit_group(group)):
+                did = True
         while not stop.is_set():
             row = await self.lane.run(self.store.take_batch, self.worker, self.settings.lease_seconds)
             if row is None:
@@ -146,12 +148,13 @@ class BatchWorker:
             did = True
         return did
 
-    async def _guarded(self, step: Any) -> None:
+    async def _guarded(self, step: Any) -> Any:
         """One step's failures stay that step's: a lost lease or a provider error is logged, the
-        loop goes on (the batch's state in the ledger says where the next step resumes)."""
+        loop goes on (the batch's state in the ledger says where the next step resumes).
+        Returns what the step returned (None when it failed)."""
         self.step_started = time.time()
         try:
-            await step
+            return await step
         except BatchLeaseLost as exc:
             LOG.warning("batch lease lost: step abandoned", extra={"details": {"error": str(exc)}})
         except ProviderError as exc:
@@ -160,6 +163,7 @@ class BatchWorker:
             raise  # the lane already retried: the database is gone, and the daemon stops
         except Exception:  # a bug in one step must not take the daemon down; the lease expires
             LOG.exception("batch step failed; it is taken up again when its lease expires")
+        return None
 
     async def _go_online(self) -> None:
         moved = await self.lane.run(self.store.move_to_online, BATCH_PROVIDERS)
@@ -202,8 +206,9 @@ class BatchWorker:
 
     # -- submitting ------------------------------------------------------------
 
-    async def submit_group(self, group: BatchGroup) -> None:
-        """A new batch for a closed group: open it, choose and attach its requests, submit."""
+    async def submit_group(self, group: BatchGroup) -> bool:
+        """A new batch for a closed group: open it, choose and attach its requests, submit.
+        False when nothing could be attached (canceled meanwhile, or none within budget)."""
         adapter = await self.adapter(group.provider)
         limit = self._batch_limit(adapter)
         max_bytes = min(self.settings.provider_batch_max_bytes or adapter.max_bytes, adapter.max_bytes)
@@ -217,11 +222,12 @@ class BatchWorker:
             attached = await self.lane.run(self.store.attach, lease, chosen, size, self.settings.daily_budget_usd)
             if not attached:
                 path.unlink(missing_ok=True)
-                return
+                return False
             if attached != chosen:  # some were canceled meanwhile: the input must name exactly these
                 _, size = await self._write_input(adapter, lease.id, key, attached, path, max_bytes)
             build_s = time.monotonic() - t0
             await self._submit(adapter, lease, key, path, len(attached), size, build_s)
+        return True
 
     async def _write_input(
         self, adapter: BatchAdapter, batch_id: int, key: str, ids: Sequence[int], path: Path, max_bytes: int

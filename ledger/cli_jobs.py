@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -72,6 +73,8 @@ def eval_job(
             print_scores(store, staged.job_id)
     if as_json:
         out.print_json(json.dumps(said, default=json_default))
+    if wait and said.get("status") != "completed":  # failed (budget) or canceled: scripts must see it
+        raise typer.Exit(1)
 
 
 async def follow(settings: Settings, store: Any, job_id: str, *, show: bool) -> None:
@@ -135,6 +138,12 @@ def print_scores(store: Any, job_id: str) -> None:
     from ledger.jobs import job_spec
 
     job = store.get_job(job_id)
+    if not isinstance(job.get("spec"), dict) or "job" not in job["spec"]:
+        fail(
+            f"job {job_id!r} is not an evaluation job (its requests were enqueued with --job); "
+            "see ledger requests --job",
+            code=1,
+        )
     opinions = {(o["agent"], o["dimension"]): o for o in store.opinions(job_id)}
     spec = job_spec(job)
     agents = [a.name for a in spec.agents]
@@ -168,7 +177,7 @@ def reparse(job_id: Annotated[str, typer.Argument(help="The job's id.", show_def
     store = open_store(settings)
     try:
         written = reparse_job(store, job_id)
-    except LookupError as exc:
+    except (LookupError, ValueError) as exc:  # unknown job, or one still running
         fail(str(exc).strip("'\""), code=1)
     out.print(f"reparsed job {job_id}: {written} opinions from stored output, no provider call", highlight=False)
 
@@ -186,7 +195,7 @@ def job_status(store: Any, settings: Settings) -> dict[str, Any]:
                 "phase": job["phase"],
                 "done": progress["done"],
                 "total": progress["total"],
-                "duration_s": round(now - started.timestamp(), 1) if started else None,
+                "duration_s": round(now - _utc(started).timestamp(), 1) if started else None,
                 "spent_usd": round(progress["spent_usd"], 6),
             }
         )
@@ -201,6 +210,11 @@ def job_status(store: Any, settings: Settings) -> dict[str, Any]:
         },
         "capacity": {"active": len(active), "limit": settings.job_capacity},
     }
+
+
+def _utc(value: datetime) -> datetime:
+    """Database times are UTC; SQLite hands them back without a zone."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def print_job_status(status: dict[str, Any]) -> None:

@@ -89,7 +89,7 @@ def advance(store: Store, settings: Settings, job: dict[str, Any]) -> Step:
         return Step(job_id, "calling")
     progress = store.job_progress(job_id)
     if progress["open"]:
-        return _while_open(store, job, progress)
+        return _while_open(store, job, progress, settings.daily_budget_usd)
     if job["phase"] not in ("parsing",):
         store.set_job_phase(job_id, "parsing")
     found = plan(spec, store.job_requests(job_id))
@@ -108,17 +108,22 @@ def advance(store: Store, settings: Settings, job: dict[str, Any]) -> Step:
     return Step(job_id, "parsing")
 
 
-def _while_open(store: Store, job: dict[str, Any], progress: dict[str, Any]) -> Step:
-    """Requests are still open: the job waits, unless its own budget can pay for none of them."""
+def _while_open(store: Store, job: dict[str, Any], progress: dict[str, Any], daily: float | None) -> Step:
+    """Requests are still open: the job waits, unless no budget can ever pay for what waits
+    (its own, spent; or the day's, smaller than one request's worst case)."""
     job_id, budget = job["id"], job["budget_usd"]
-    if budget is not None and progress["running"] == 0:
-        cheapest = store.cheapest_waiting(job_id)
-        spent = progress["spent_usd"]
-        if cheapest is not None and spent + cheapest > budget:
-            why = f"budget exhausted (${spent:.4f} of ${budget:.4f} spent; the next request may cost ${cheapest:.4f})"
-            if store.fail_job_for_budget(job_id, why):
-                events.job_ended(job_id, JobStatus.FAILED.value, len(store.opinions(job_id)), 0, why)
-                return Step(job_id, "failed", JobStatus.FAILED)
+    if progress["running"] or (budget is None and daily is None):
+        return Step(job_id, job["phase"])
+    cheapest = store.cheapest_waiting(job_id)
+    spent = progress["spent_usd"]
+    why = None
+    if cheapest is not None and budget is not None and spent + cheapest > budget:
+        why = f"budget exhausted (${spent:.4f} of ${budget:.4f} spent; the next request may cost ${cheapest:.4f})"
+    elif cheapest is not None and daily is not None and cheapest > daily:
+        why = f"budget exhausted (a request may cost ${cheapest:.4f}, more than the daily budget ${daily:.2f})"
+    if why is not None and store.fail_job_for_budget(job_id, why):
+        events.job_ended(job_id, JobStatus.FAILED.value, len(store.opinions(job_id)), 0, why)
+        return Step(job_id, "failed", JobStatus.FAILED)
     return Step(job_id, job["phase"])
 
 
@@ -160,9 +165,15 @@ def reparse(store: Store, job_id: str) -> int:
     job = store.get_job(job_id)
     if job is None or not isinstance(job.get("spec"), dict) or "job" not in job["spec"]:
         raise LookupError(f"no evaluation job {job_id!r}")
+    if job["status"] == JobStatus.RUNNING.value:
+        raise JobStillRunning(f"job {job_id!r} is still running: reparse it once it has ended")
     found = plan(job_spec(job), store.job_requests(job_id))
     _save(store, job_id, found, overwrite=True)
     return len(found.opinions)
+
+
+class JobStillRunning(ValueError):
+    """`reparse` of a job whose coordinator may still be writing its opinions."""
 
 
 class Coordinator:

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from ledger.store.dialect import XID_KEY, CommitNotApplied, Dialect
+from ledger.store.dialect import XID_KEY, CommitNotApplied, CommitUnknown, Dialect
 
 LOG = logging.getLogger("ledger.store")
 # How long to keep asking a restarting server what became of a transaction.
@@ -54,21 +54,37 @@ def transaction(engine: Engine, dialect: Dialect) -> Iterator[Connection]:
         except DBAPIError as exc:
             if xid is None or not exc.connection_invalidated:
                 raise
-            if not _committed(engine, dialect, xid):
+            try:
+                committed = _committed(engine, dialect, xid)
+            except (DBAPIError, _StillInProgress) as asking:  # no answer in time: the outcome stays unknown
+                orig = asking.orig if isinstance(asking, DBAPIError) and asking.orig else exc.orig or exc
+                raise CommitUnknown("COMMIT", None, orig) from exc
+            if not committed:
                 raise CommitNotApplied("COMMIT", None, exc.orig or exc) from exc
             LOG.warning(
                 "COMMIT answer lost; the server says the transaction committed", extra={"details": {"xid": xid}}
             )
 
 
+class _StillInProgress(Exception):
+    """The old backend has not gone yet (its COMMIT may still land): ask again."""
+
+
 def _committed(engine: Engine, dialect: Dialect, xid: str) -> bool:
-    """Ask the server (again through a restart, within RESOLVE_WITHIN_S) whether `xid` committed."""
+    """Ask the server (again through a restart, within RESOLVE_WITHIN_S) whether `xid` committed.
+
+    'in progress' means the old backend has not noticed the lost connection yet (or waits on a
+    synchronous replica): its COMMIT may still land, so the answer is awaited, not guessed.
+    """
     for attempt in Retrying(
-        retry=retry_if_exception_type(DBAPIError),
+        retry=retry_if_exception_type((DBAPIError, _StillInProgress)),
         wait=wait_exponential(multiplier=0.05, max=2.0),
         stop=stop_after_delay(RESOLVE_WITHIN_S),
         reraise=True,
     ):
         with attempt, engine.connect() as conn:
-            return dialect.transaction_committed(conn, xid)
+            status = dialect.transaction_status(conn, xid)
+            if status == "in progress":
+                raise _StillInProgress(xid)
+            return status == "committed"
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover

@@ -31,7 +31,7 @@ from sqlalchemy import DateTime, String, Table, bindparam, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.cursor import CursorResult
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DatabaseError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import expression
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -46,11 +46,17 @@ class CommitNotApplied(OperationalError):
     """A COMMIT whose answer was lost, and the server says the transaction did not commit: retry it."""
 
 
+class CommitUnknown(DatabaseError):
+    """A COMMIT whose answer was lost, and the server could not be asked in time: never retried."""
+
+
 # Any stable 64-bit number: the advisory lock key that serialises claimers.
 CLAIM_LOCK_KEY = 7_391_046_221
-# The lock is per schema: advisory locks are database-wide, and ledgers in different schemas
+# The lock is per ledger: advisory locks are database-wide, and ledgers in different schemas
 # of one database (tenants, test runs, benchmarks) must not queue behind each other's claims.
-CLAIM_LOCK = f"hashtextextended(current_schema(), {CLAIM_LOCK_KEY})"
+# Keyed by the table the claims write (its oid), not the search path, so every session on one
+# ledger takes the same lock whatever its search_path says.
+CLAIM_LOCK = f"hashtextextended(CAST(CAST('llm_requests' AS regclass) AS oid)::text, {CLAIM_LOCK_KEY})"
 
 _SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'"
 
@@ -191,10 +197,11 @@ class Dialect:
             conn.info[XID_KEY] = xid
         # SQLite: BEGIN IMMEDIATE already holds the only write lock.
 
-    def transaction_committed(self, conn: Connection, xid: str) -> bool:
-        """Did transaction `xid` commit? (PostgreSQL; asked on a new connection after a lost COMMIT.)"""
+    def transaction_status(self, conn: Connection, xid: str) -> str | None:
+        """'committed', 'aborted' or 'in progress' (PostgreSQL; asked on a new connection after a
+        lost COMMIT); None when the server no longer knows the transaction."""
         status = conn.execute(text("SELECT pg_xact_status(CAST(:xid AS xid8))"), {"xid": xid}).scalar_one()
-        return bool(status == "committed")
+        return None if status is None else str(status)
 
     def bound_waits(self, conn: Connection, seconds: float) -> None:
         """Give up this transaction's lock waits and statements after `seconds`. PostgreSQL:

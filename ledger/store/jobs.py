@@ -271,6 +271,21 @@ class JobQueries:
                 )
                 if conn.execute(stmt).rowcount:
                     inserted.append(opinion)
+            if overwrite:  # recomputed from scratch: cells no longer concluded lose their opinion
+                kept = {(o["agent"], o["dimension"]) for o in new_opinions}
+                for agent, dimension in conn.execute(
+                    select(opinions.c.agent, opinions.c.dimension).where(opinions.c.job_id == job_id)
+                ).all():
+                    if (agent, dimension) not in kept:
+                        conn.execute(
+                            opinions.delete().where(
+                                opinions.c.job_id == job_id,
+                                opinions.c.agent == agent,
+                                opinions.c.dimension == dimension,
+                            )
+                        )
+                rebuilt = [o["error_line"] for o in new_opinions if o.get("error_line")]
+                conn.execute(update(jobs).where(jobs.c.id == job_id).values(errors=rebuilt or None))
             errors = [o["error_line"] for o in inserted if o.get("error_line")]
             if errors:
                 current = conn.execute(select(jobs.c.errors).where(jobs.c.id == job_id)).scalar_one_or_none() or []

@@ -278,3 +278,29 @@ def rows_of(store: Store, job_id: str) -> list[dict[str, Any]]:
     with store.engine.connect() as conn:
         found = conn.execute(text("SELECT id, estimate_usd FROM llm_requests WHERE job_id = :j"), {"j": job_id})
         return [dict(r._mapping) for r in found]
+
+
+@pytest.mark.parametrize("delivery", ["online", "batch"])
+def test_a_request_dearer_than_the_whole_daily_budget_fails_its_job_instead_of_hanging(
+    db_url: str, mock: RunningMockProvider, delivery: str
+) -> None:
+    # gpt-4o-mini's worst case with max_tokens unset is ~$0.0025; the day allows $0.001.
+    settings = batch_settings(db_url, mock, LEDGER_DAILY_BUDGET_USD=0.001)
+    store = Store(db_url)
+    trigger(store, settings, small_spec("dear", dims=2, delivery=delivery))
+    run(settings)  # returns: the job ended, nothing is left to wait for
+    job = store.get_job("dear")
+    assert job is not None and job["status"] == "failed" and "more than the daily budget" in job["error"]
+    assert mock.stats()["calls"] == 0 and not mock.stats()["batch_creates"]
+
+
+def test_reparse_waits_for_the_job_to_end_and_waiting_for_an_unknown_job_says_so(
+    db_url: str, mock: RunningMockProvider
+) -> None:
+    settings = batch_settings(db_url, mock)
+    store = Store(db_url)
+    trigger(store, settings, small_spec("busy", dims=1))
+    with pytest.raises(ValueError, match="still running"):
+        reparse(store, "busy")
+    with Ledger(settings=settings) as ledger, pytest.raises(LookupError, match="no job 'nope'"):
+        ledger.wait("nope", timeout=1)
