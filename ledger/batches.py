@@ -53,7 +53,8 @@ from ledger.record import DbLane
 from ledger.retry import RetryPolicy
 from ledger.settings import Settings
 from ledger.store import Store
-from ledger.store.batches import BatchGroup, BatchLease, BatchLeaseLost, LineOutcome, Mapped
+from ledger.store.batch_results import LineOutcome, Mapped
+from ledger.store.batches import BatchGroup, BatchLease, BatchLeaseLost
 from ledger.waits import as_raised
 
 LOG = logging.getLogger("ledger.batches")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from ledger.store.audit import AuditQueries
+from ledger.store.batch_results import BatchResultQueries
 from ledger.store.batches import BatchQueries
 from ledger.store.dialect import Dialect
 from ledger.store.jobs import JobQueries
@@ -14,7 +15,7 @@ from ledger.store.schema import DatabaseError, open_engine
 __all__ = ["DatabaseError", "EnqueueResult", "Store"]
 
 
-class Store(QueueQueries, BatchQueries, JobQueries, AuditQueries):
+class Store(QueueQueries, BatchQueries, BatchResultQueries, JobQueries, AuditQueries):
     """Issues every query the ledger makes, on an engine whose schema is at head."""
 
     engine: Engine

@@ -1,4 +1,5 @@
-"""Provider batch jobs' SQL: grouping, attaching requests, batch leases, mapping results back.
+"""Provider batch jobs' SQL: grouping, attaching requests, batch leases, submission, cancel.
+Writing results back is `batch_results.py`.
 
 Invariants every statement here keeps:
 - A batch row is leased like a request (`lease_owner`, `lease_token`): every write a
@@ -7,28 +8,23 @@ Invariants every statement here keeps:
   over changes nothing (`BatchLeaseLost`).
 - A request is attached to a batch (status `submitted`, `batch_id`, its attempt row
   opened and counted) in the transaction that makes the batch `submitting`, before
-  any provider call; its result is written only while it is still `submitted` in
-  that very batch, and its attempt only while still `running`: mapping a result
-  twice (a crash mid-mapping, then a restart) changes nothing the second time.
+  any provider call (its result is then written only while it is still
+  `submitted` in that very batch: see `batch_results.py`).
 - Transactions that update many request rows take the claim lock first (the lock
   order of every multi-row writer, docs/architecture.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Float,
-    Integer,
     String,
-    Text,
     and_,
     bindparam,
-    case,
     column,
     delete,
     func,
@@ -51,7 +47,6 @@ _r, _b, _a = requests.c, batches.c, attempts.c
 SUBMITTED = RequestStatus.SUBMITTED.value
 BATCH = Delivery.BATCH.value
 OPEN_BATCH = (BatchStatus.QUEUED.value, BatchStatus.SUBMITTING.value, BatchStatus.SUBMITTED.value)
-_CHUNK = 1000  # lines per set of statements when ending a batch's unanswered requests
 _ATTACH_CHUNK = 10_000  # requests per attaching statement
 
 
@@ -78,134 +73,13 @@ class BatchLease:
     worker: str
 
 
-@dataclass(frozen=True)
-class LineOutcome:
-    """One result line, ready to write: `kind` succeeded | failed | expired | canceled."""
-
-    request_id: int
-    kind: str
-    text: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cost_usd: float | None = None
-    status_code: int | None = None
-    error_code: str | None = None
-    message: str | None = None
-    retryable: bool = False
-
-
-@dataclass
-class Mapped:
-    """What mapping a chunk of result lines did."""
-
-    completed: int = 0
-    failed: int = 0  # ended `error`
-    retried: int = 0  # back to the queue after a retryable failure (counted)
-    requeued: int = 0  # back to the queue, not reached by the provider (not counted)
-    canceled: int = 0  # unanswered by a batch canceled through the ledger
-    kept: int = 0  # already mapped, canceled, or not in this batch: nothing changed
-
-    def add(self, other: Mapped) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    @property
-    def lines(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
-
-
 _FENCE = update(batches).where(
     _b.id == bindparam("b_batch"), _b.lease_token == bindparam("b_token"), _b.lease_owner == bindparam("b_worker")
 )
-# A chunk's result lines, one JSON parameter each (`json_rows`): one set-based statement per
-# kind of write, not one statement per line.
-_SUCCEEDED = json_rows(
-    "v",
-    "b_rows",
-    column("id", BigInteger),
-    column("raw", Text),
-    column("tin", Integer),
-    column("tout", Integer),
-    column("cost", Float),
-)
-_FAILED = json_rows(
-    "v",
-    "b_rows",
-    column("id", BigInteger),
-    column("status", String),
-    column("delay", Float),
-    column("code", String),
-    column("message", Text),
-    column("status_code", Integer),
-)
-_ENDED = json_rows(
-    "v",
-    "b_rows",
-    column("id", BigInteger),
-    column("outcome", String),
-    column("status_code", Integer),
-    column("code", String),
-    column("message", Text),
-    column("delay", Float),
-)
 _ATTACHED = json_rows("v", "b_rows", column("id", BigInteger))
-_v_ok, _v_fail, _v_end = _SUCCEEDED.c, _FAILED.c, _ENDED.c
 # Rows are reached by id from the chunk; these checks are made on each (`unindexed`).
 _in_batch, _status = unindexed(_r.batch_id) == bindparam("b_batch"), unindexed(_r.status)
 
-_MAP_SUCCEEDED = (
-    update(requests)
-    .where(
-        _r.id == _v_ok.id,
-        _in_batch,
-        # Still waiting for this batch; or canceled meanwhile and still without the answer it paid for.
-        or_(_status == SUBMITTED, and_(_status == RequestStatus.CANCELED.value, _r.raw_output.is_(None))),
-    )
-    .values(
-        status=case((_r.status == SUBMITTED, RequestStatus.COMPLETED.value), else_=_r.status),
-        raw_output=_v_ok.raw,
-        input_tokens=_v_ok.tin,
-        output_tokens=_v_ok.tout,
-        cost_usd=_v_ok.cost,
-        reserved_usd=None,
-        last_status_code=200,
-        error_code=case((_r.status == SUBMITTED, None), else_=_r.error_code),
-        error_message=case((_r.status == SUBMITTED, None), else_=_r.error_message),
-        completed_at=func.coalesce(_r.completed_at, db_now()),
-        updated_at=db_now(),
-    )
-)
-_MAP_FAILED = (
-    update(requests)
-    .where(_r.id == _v_fail.id, _in_batch, _status == SUBMITTED)
-    .values(
-        status=_v_fail.status,
-        next_attempt_at=db_now_plus(_v_fail.delay),
-        error_code=_v_fail.code,
-        error_message=_v_fail.message,
-        last_status_code=_v_fail.status_code,
-        reserved_usd=None,
-        completed_at=case((_v_fail.status == QUEUED, None), else_=db_now()),
-        updated_at=db_now(),
-    )
-    .returning(_r.status)  # retried (back to the queue) and failed are counted apart
-)
-_CLOSE_ATTEMPTS = (
-    update(attempts)
-    .where(
-        _a.request_id == _v_end.id,
-        _a.batch_id == bindparam("b_batch"),
-        _a.outcome == AttemptOutcome.RUNNING.value,
-    )
-    .values(
-        outcome=_v_end.outcome,
-        status_code=_v_end.status_code,
-        error_code=_v_end.code,
-        error_message=_v_end.message,
-        retry_delay_s=_v_end.delay,
-        finished_at=db_now(),
-    )
-)
 _ATTACH = (
     update(requests)
     .where(_r.id == _ATTACHED.c.id, _status == QUEUED, unindexed(_r.delivery) == BATCH)
@@ -234,12 +108,6 @@ _OPEN_ATTEMPTS = (
     )
     .returning(_a.request_id)
 )
-_ATTEMPT_OUTCOME = {
-    "succeeded": AttemptOutcome.SUCCEEDED.value,
-    "failed": AttemptOutcome.FAILED.value,
-    "expired": AttemptOutcome.EXPIRED.value,
-    "canceled": AttemptOutcome.CANCELED.value,
-}
 
 
 class BatchQueries:
@@ -479,66 +347,6 @@ class BatchQueries:
         with transaction(self.engine, self.dialect) as conn:
             _fence(conn, lease, **values)
 
-    # -- mapping results back --------------------------------------------------
-
-    def map_lines(
-        self, lease: BatchLease, lines: Sequence[LineOutcome], max_attempts: int, delay_for: Callable[[int], float]
-    ) -> Mapped:
-        """Write a chunk of result lines in one transaction, set-based.
-
-        succeeded: `completed` with raw output, usage and cost (a request canceled while its
-        batch ran keeps `canceled` and gets the output it paid for); failed: retried in a
-        later batch while the request's failed attempts stay under `max_attempts` and the
-        error is retryable, else `error`; expired / canceled: back to the queue, not counted.
-        """
-        with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
-            _fence(conn, lease)
-            return _map_in(conn, self.dialect, lease.id, lines, max_attempts, delay_for)
-
-    def finish_batch(
-        self,
-        lease: BatchLease,
-        status: str,
-        *,
-        error: str | None = None,
-        rejected: dict[int, str] | None = None,
-        count_failure: str | None = None,
-        max_attempts: int = 3,
-        delay_for: Callable[[int], float] = lambda n: 0.0,
-    ) -> Mapped:
-        """The batch is over. Its requests that got no result line end one way each:
-        a cancel asked of the ledger → `canceled`; named by the provider's validation
-        errors (`rejected`: request id → reason) → `error`; `count_failure` (a reason: the
-        batch failed as a whole) → a failed attempt, retried by the policy; otherwise (an
-        expired or canceled batch) → back to the queue, not counted. Then the batch ends
-        `status`, its lease let go."""
-        mapped = Mapped()
-        with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
-            row = _fence(conn, lease)
-            left = list(conn.execute(select(_r.id).where(_r.batch_id == lease.id, _r.status == SUBMITTED)).scalars())
-            if row.cancel_requested_at is not None:
-                mapped.canceled = _end_canceled(conn, lease.id, left)
-            else:
-                lines = [_unanswered(i, rejected or {}, count_failure, error) for i in left]
-                for start in range(0, len(lines), _CHUNK):
-                    chunk = lines[start : start + _CHUNK]
-                    mapped.add(_map_in(conn, self.dialect, lease.id, chunk, max_attempts, delay_for))
-            conn.execute(
-                update(batches)
-                .where(_b.id == lease.id)
-                .values(
-                    status=status,
-                    error=error,
-                    completed_at=db_now(),
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    updated_at=db_now(),
-                )
-            )
-        return mapped
-
     # -- cancel and audit ------------------------------------------------------
 
     def request_batch_cancel(self, *, batch_id: int | None = None, job_id: str | None = None) -> list[dict[str, Any]]:
@@ -607,125 +415,6 @@ def _fence(conn: Connection, lease: BatchLease, **values: Any) -> Any:
     if row is None:
         raise BatchLeaseLost(f"batch {lease.id}: lease {lease.token} is no longer {lease.worker}'s")
     return row
-
-
-def _unanswered(request_id: int, rejected: dict[int, str], count_failure: str | None, why: str | None) -> LineOutcome:
-    """How a request its ended batch did not answer is written (see `finish_batch`)."""
-    if request_id in rejected:
-        return LineOutcome(
-            request_id, "failed", status_code=400, error_code="invalid_request", message=rejected[request_id]
-        )
-    if count_failure is not None:
-        return LineOutcome(request_id, "failed", error_code="batch_failed", message=count_failure, retryable=True)
-    return LineOutcome(request_id, "expired", error_code="batch_ended", message=why)
-
-
-def _map_in(
-    conn: Connection,
-    dialect: Dialect,
-    batch_id: int,
-    lines: Sequence[LineOutcome],
-    max_attempts: int,
-    delay_for: Callable[[int], float],
-) -> Mapped:
-    """The writes of `map_lines`, inside a transaction that holds the lock and the batch's lease."""
-    mapped = Mapped()
-    failed_before = _failed_attempts(conn, [x.request_id for x in lines if x.kind == "failed"])
-    succeeded: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = []
-    ended: list[dict[str, Any]] = []
-    for x in lines:
-        delay = None
-        if x.kind == "succeeded":
-            succeeded.append(
-                {"id": x.request_id, "raw": x.text, "tin": x.input_tokens, "tout": x.output_tokens, "cost": x.cost_usd}
-            )
-        elif x.kind == "failed":
-            number = failed_before.get(x.request_id, 0) + 1
-            retry = x.retryable and number < max_attempts
-            delay = delay_for(number) if retry else 0.0
-            failed.append(
-                {
-                    "id": x.request_id,
-                    "status": QUEUED if retry else RequestStatus.ERROR.value,
-                    "delay": delay,
-                    "code": x.error_code,
-                    "message": x.message,
-                    "status_code": x.status_code,
-                }
-            )
-        ended.append(
-            {
-                "id": x.request_id,
-                "outcome": _ATTEMPT_OUTCOME[x.kind],
-                "status_code": x.status_code,
-                "code": x.error_code,
-                "message": x.message,
-                "delay": delay,
-            }
-        )
-    if succeeded:
-        params = {"b_rows": json_param(succeeded), "b_batch": batch_id}
-        mapped.completed = dialect.execute(conn, _MAP_SUCCEEDED, params).rowcount
-    if failed:
-        params = {"b_rows": json_param(failed), "b_batch": batch_id}
-        statuses = list(dialect.execute(conn, _MAP_FAILED, params).scalars())
-        mapped.retried = statuses.count(QUEUED)
-        mapped.failed = len(statuses) - mapped.retried
-    if ended:
-        dialect.execute(conn, _CLOSE_ATTEMPTS, {"b_rows": json_param(ended), "b_batch": batch_id})
-    mapped.requeued = _requeue(conn, batch_id, [x.request_id for x in lines if x.kind in ("expired", "canceled")])
-    mapped.kept = len(lines) - mapped.completed - mapped.failed - mapped.retried - mapped.requeued
-    return mapped
-
-
-def _failed_attempts(conn: Connection, ids: list[int]) -> dict[int, int]:
-    """Failed attempts per request so far: what RETRY_MAX_ATTEMPTS counts for batch requests."""
-    if not ids:
-        return {}
-    rows = conn.execute(
-        select(_a.request_id, func.count())
-        .where(_a.request_id.in_(ids), _a.outcome == AttemptOutcome.FAILED.value)
-        .group_by(_a.request_id)
-    )
-    return {int(rid): int(n) for rid, n in rows}
-
-
-def _requeue(conn: Connection, batch_id: int, ids: list[int]) -> int:
-    """Requests the provider never reached go back to the queue, due now, for a later batch."""
-    if not ids:
-        return 0
-    return int(
-        conn.execute(
-            update(requests)
-            .where(_r.id.in_(ids), _r.batch_id == batch_id, _r.status == SUBMITTED)
-            .values(status=QUEUED, next_attempt_at=db_now(), updated_at=db_now())
-        ).rowcount
-    )
-
-
-def _end_canceled(conn: Connection, batch_id: int, ids: list[int]) -> int:
-    """A batch canceled by the ledger: what it did not answer ends `canceled`."""
-    if not ids:
-        return 0
-    conn.execute(
-        update(attempts)
-        .where(_a.request_id.in_(ids), _a.batch_id == batch_id, _a.outcome == AttemptOutcome.RUNNING.value)
-        .values(outcome=AttemptOutcome.CANCELED.value, error_code="batch_canceled", finished_at=db_now())
-    )
-    return int(
-        conn.execute(
-            update(requests)
-            .where(_r.id.in_(ids), _r.batch_id == batch_id, _r.status == SUBMITTED)
-            .values(
-                status=RequestStatus.CANCELED.value,
-                error_code="canceled",
-                error_message="canceled with its provider batch",
-                completed_at=db_now(),
-                updated_at=db_now(),
-            )
-        ).rowcount
-    )
 
 
 def _affordable(conn: Connection, ids: Sequence[int], daily_budget: float | None) -> list[int]:
