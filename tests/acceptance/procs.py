@@ -107,3 +107,25 @@ def write_requests(path: Path, prompts: list[tuple[str, str, str]], model: str =
 
 def enqueue(env: dict[str, str], path: Path, *flags: str) -> None:
     subprocess.run([*LEDGER, "enqueue", str(path), *flags], env=env, check=True, capture_output=True)
+
+
+def counts_and_most_successes(url: str) -> tuple[dict[str, int], int]:
+    """Requests per status, and the most `succeeded` attempts any one request has (1: nothing
+    was answered and recorded twice)."""
+    from sqlalchemy import text
+
+    from ledger.store import Store
+
+    store = Store(url)
+    try:
+        counts = store.status_counts()
+        with store.engine.connect() as conn:
+            most = conn.execute(
+                text(
+                    "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM llm_attempts"
+                    " WHERE outcome = 'succeeded' GROUP BY request_id) s"
+                )
+            ).scalar_one()
+    finally:
+        store.close()
+    return counts, int(most)

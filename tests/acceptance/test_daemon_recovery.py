@@ -18,6 +18,7 @@ from ledger.store.dialect import CLAIM_LOCK
 from tests.acceptance.procs import (
     LEDGER,
     balanced,
+    counts_and_most_successes,
     enqueue,
     events,
     ledger_env,
@@ -99,15 +100,8 @@ def test_the_daemon_rides_out_dropped_database_connections(pg_url: str, tmp_path
 
         wait_for(a_transaction_was_retried, timeout=30, interval=0.02)
         assert daemon.wait(timeout=120) == 0, log.read_text()[-2000:]
-    counts = store.status_counts()
-    with store.engine.connect() as conn:
-        most_successes = conn.execute(
-            text(
-                "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM llm_attempts"
-                " WHERE outcome = 'succeeded' GROUP BY request_id) s"
-            )
-        ).scalar_one()
     store.close()
+    counts, most_successes = counts_and_most_successes(pg_url)
     assert counts["completed"] == 60 and counts["running"] == 0 and counts["queued"] == 0
     assert most_successes == 1  # no request was answered and recorded twice
 
@@ -131,15 +125,8 @@ def test_backends_terminated_again_and_again_never_stop_the_daemon(pg_url: str, 
             with store.engine.begin() as conn:
                 terminations += len(conn.execute(kill, {"app": app}).all())
         assert daemon.wait(timeout=120) == 0, log.read_text()[-3000:]
-    counts = store.status_counts()
-    with store.engine.connect() as conn:
-        most_successes = conn.execute(
-            text(
-                "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM llm_attempts"
-                " WHERE outcome = 'succeeded' GROUP BY request_id) s"
-            )
-        ).scalar_one()
     store.close()
+    counts, most_successes = counts_and_most_successes(pg_url)
     assert terminations >= 20
     assert counts["completed"] == 150 and counts["running"] == 0 and counts["queued"] == 0
     assert most_successes == 1

@@ -12,11 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 
 from ledger.embedded_postgres import EmbeddedPostgres
-from ledger.store import Store
 from tests.acceptance.procs import (
+    counts_and_most_successes,
     enqueue,
     ledger_env,
     mock_provider,
@@ -41,20 +40,6 @@ def url_of(server: EmbeddedPostgres) -> str:
     return server.dsn.replace("postgresql://", "postgresql+psycopg://", 1)
 
 
-def outcome(url: str) -> tuple[dict[str, int], int]:
-    store = Store(url)
-    counts = store.status_counts()
-    with store.engine.connect() as conn:
-        most = conn.execute(
-            text(
-                "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM llm_attempts"
-                " WHERE outcome = 'succeeded' GROUP BY request_id) s"
-            )
-        ).scalar_one()
-    store.close()
-    return counts, int(most)
-
-
 def test_an_outage_shorter_than_the_retry_window_is_ridden_out(server: EmbeddedPostgres, tmp_path: Path) -> None:
     url, log = url_of(server), tmp_path / "daemon.log"
     prompts = [("a", f"d{i}", f"short outage {i}") for i in range(REQUESTS)]
@@ -69,7 +54,7 @@ def test_an_outage_shorter_than_the_retry_window_is_ridden_out(server: EmbeddedP
         server.resume()
         assert daemon.wait(timeout=120) == 0, log.read_text()[-3000:]
         per_prompt = mock.stats()["per_prompt"]
-    counts, most_successes = outcome(url)
+    counts, most_successes = counts_and_most_successes(url)
     assert counts["completed"] == REQUESTS and counts["queued"] == counts["running"] == 0
     assert most_successes == 1  # nothing recorded twice
     assert sum(n - 1 for n in per_prompt.values()) <= in_flight  # called again: only what was in flight
@@ -94,7 +79,7 @@ def test_an_outage_longer_than_the_retry_window_stops_the_daemon_and_a_rerun_fin
         server.resume()
         assert run_daemon(env, second_log, "--until-idle") == 0, second_log.read_text()[-3000:]
         per_prompt = mock.stats()["per_prompt"]
-    counts, most_successes = outcome(url)
+    counts, most_successes = counts_and_most_successes(url)
     assert counts["completed"] == REQUESTS and counts["queued"] == counts["running"] == 0
     assert most_successes == 1
     assert sum(n - 1 for n in per_prompt.values()) <= in_flight
