@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from ledger.enqueue import RequestSpec, build_spec
-from ledger.models import Delivery, RequestStatus
+from ledger.models import OPEN_STATUSES, Delivery, RequestStatus
 from ledger.parsing import RejectedEntry, evaluation_schema, parse_structured, parse_verdict
 from ledger.spec import AgentSpec, DimensionSpec, JobSpec
 
@@ -140,11 +140,11 @@ def plan(spec: JobSpec, rows: list[dict[str, Any]]) -> Plan:
         for dimension in spec.dimensions:
             alone = single.get((agent.name, dimension.id))
             if alone is not None:
-                if alone["status"] in _OPEN:
+                if alone["status"] in OPEN_STATUSES:
                     out.pending += 1
                 else:
                     out.opinions.append(_single_opinion(agent, dimension, alone, out))
-            elif whole is not None and whole["status"] in _OPEN:
+            elif whole is not None and whole["status"] in OPEN_STATUSES:
                 out.pending += 1
             elif whole is not None and entries is not None and dimension.id in entries:
                 entry = entries[dimension.id]
@@ -154,9 +154,6 @@ def plan(spec: JobSpec, rows: list[dict[str, Any]]) -> Plan:
             else:
                 out.gaps.append((agent, dimension))
     return out
-
-
-_OPEN = (RequestStatus.QUEUED.value, RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value)
 
 
 def _structured_entries(row: dict[str, Any], ids: list[str], out: Plan) -> dict[str, Any] | None:

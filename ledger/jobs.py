@@ -92,8 +92,9 @@ def advance(store: Store, settings: Settings, job: dict[str, Any]) -> Step:
         return _while_open(store, job, progress, settings.daily_budget_usd)
     if job["phase"] not in ("parsing",):
         store.set_job_phase(job_id, "parsing")
-    found = plan(spec, store.job_requests(job_id))
-    _save(store, job_id, found)
+    rows = store.job_requests(job_id)
+    found = plan(spec, rows)
+    _save(store, job_id, found, rows)
     if found.gaps:
         gap_specs = [single_request(spec, agent, dimension) for agent, dimension in found.gaps]
         store.add_job_requests(job_id, [to_row(r, settings.compatible_base_url, settings.prices) for r in gap_specs])
@@ -127,8 +128,8 @@ def _while_open(store: Store, job: dict[str, Any], progress: dict[str, Any], dai
     return Step(job_id, job["phase"])
 
 
-def _save(store: Store, job_id: str, found: Plan, *, overwrite: bool = False) -> None:
-    """Write what the plan derived; log what is new (once, whoever wrote it)."""
+def _save(store: Store, job_id: str, found: Plan, requests: list[dict[str, Any]], *, overwrite: bool = False) -> None:
+    """Write what the plan derived (from `requests`); log what is new (once, whoever wrote it)."""
     first_parsed, inserted = store.save_parse(job_id, found.derived, found.opinions, overwrite=overwrite)
     if overwrite:
         return
@@ -136,7 +137,7 @@ def _save(store: Store, job_id: str, found: Plan, *, overwrite: bool = False) ->
     for request_id in sorted(first_parsed & set(found.rejected)):
         for entry in found.rejected[request_id]:
             events.entry_rejected(job_id, agents.get(request_id, "?"), request_id, entry.reason, entry.raw)
-    rows = {r["id"]: r for r in store.job_requests(job_id)} if inserted else {}
+    rows = {r["id"]: r for r in requests}
     for opinion in inserted:
         row = rows.get(opinion["request_id"], {})
         if opinion.get("error_line"):
@@ -167,8 +168,9 @@ def reparse(store: Store, job_id: str) -> int:
         raise LookupError(f"no evaluation job {job_id!r}")
     if job["status"] == JobStatus.RUNNING.value:
         raise JobStillRunning(f"job {job_id!r} is still running: reparse it once it has ended")
-    found = plan(job_spec(job), store.job_requests(job_id))
-    _save(store, job_id, found, overwrite=True)
+    rows = store.job_requests(job_id)
+    found = plan(job_spec(job), rows)
+    _save(store, job_id, found, rows, overwrite=True)
     return len(found.opinions)
 
 

@@ -51,6 +51,8 @@ class RequestStatus(StrEnum):
 
 
 FINAL_STATUSES = (RequestStatus.COMPLETED, RequestStatus.ERROR, RequestStatus.CANCELED)
+# Not final yet: waiting, in flight online, or inside a provider batch.
+OPEN_STATUSES = (RequestStatus.QUEUED, RequestStatus.RUNNING, RequestStatus.SUBMITTED)
 
 
 class Delivery(StrEnum):

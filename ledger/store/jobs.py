@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.models import Job, JobStatus, Opinion, RequestStatus
+from ledger.models import FINAL_STATUSES, Job, JobStatus, Opinion, RequestStatus
 from ledger.store.claim import job_spent, requests, spent_today, workers
 from ledger.store.commit import transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus
@@ -32,8 +32,6 @@ opinions = Opinion.__table__  # type: ignore[attr-defined]
 
 EVAL_KIND = "eval"
 RUNNING_JOB = JobStatus.RUNNING.value
-OPEN_STATUSES = (RequestStatus.QUEUED.value, RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value)
-FINAL_STATUSES = (RequestStatus.COMPLETED.value, RequestStatus.ERROR.value, RequestStatus.CANCELED.value)
 _ACTIVE = and_(jobs.c.kind == EVAL_KIND, jobs.c.status == RUNNING_JOB)
 # What the coordinator and the parsers read of a job's requests.
 _PARSE_COLUMNS = (
