@@ -23,6 +23,7 @@ class Store(QueueQueries, BatchQueries, BatchResultQueries, JobQueries, AuditQue
 
     def __init__(self, url: str, *, ping_on_checkout: bool = True, idle_in_transaction_s: float | None = None) -> None:
         self.url = url
+        self.job_caps = {}
         self.engine, self.dialect = open_engine(
             url, ping_on_checkout=ping_on_checkout, idle_in_transaction_s=idle_in_transaction_s
         )

@@ -111,10 +111,11 @@ _OPEN_ATTEMPTS = (
 
 
 class BatchQueries:
-    """Mixed into `Store`; needs `engine` and `dialect`."""
+    """Mixed into `Store`; needs `engine`, `dialect` and `job_caps` (ClaimQueries)."""
 
     engine: Engine
     dialect: Dialect
+    job_caps: dict[str, float | None]
 
     # -- forming batches -------------------------------------------------------
 
@@ -214,7 +215,7 @@ class BatchQueries:
         with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             _fence(conn, lease)
-            ids = _affordable(conn, ids, daily_budget)
+            ids = _affordable(conn, ids, daily_budget, self.job_caps)
             for start in range(0, len(ids), _ATTACH_CHUNK):
                 rows = json_param({"id": i} for i in ids[start : start + _ATTACH_CHUNK])
                 self.dialect.execute(conn, _ATTACH, {"b_rows": rows, "b_batch": lease.id})
@@ -417,7 +418,9 @@ def _fence(conn: Connection, lease: BatchLease, **values: Any) -> Any:
     return row
 
 
-def _affordable(conn: Connection, ids: Sequence[int], daily_budget: float | None) -> list[int]:
+def _affordable(
+    conn: Connection, ids: Sequence[int], daily_budget: float | None, caps: dict[str, float | None]
+) -> list[int]:
     """The ids whose worst-case cost fits today's budget and their jobs' (all, when no cap applies)."""
     rows: list[Any] = []
     for start in range(0, len(ids), _ATTACH_CHUNK):
@@ -426,5 +429,5 @@ def _affordable(conn: Connection, ids: Sequence[int], daily_budget: float | None
             .where(_r.id.in_(list(ids[start : start + _ATTACH_CHUNK])), _r.status == QUEUED)
             .order_by(_r.id)
         ).all()
-    budget = Budget.read(conn, daily_budget, rows)
+    budget = Budget.read(conn, daily_budget, rows, caps)
     return [int(row.id) for row in budget.affordable(rows)]

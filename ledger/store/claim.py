@@ -134,6 +134,8 @@ class ClaimQueries:
     learning: set[str] = set()  # noqa: RUF012 - replaced, never mutated
     # How long a learned limit stands before one more slot is tried (LEDGER_POOL_PROBE_SECONDS).
     pool_probe_seconds: float = 60.0
+    # Job id -> its own budget (None: none): fixed when the job is staged, so looked up once (Store sets it).
+    job_caps: dict[str, float | None]
 
     @cached_property
     def _candidates(self) -> Select[Any]:
@@ -191,7 +193,7 @@ class ClaimQueries:
         picked: list[int] = []
         taken: dict[str, int] = {}
         rows = list(candidates)
-        budget = Budget.read(conn, daily_budget, rows)
+        budget = Budget.read(conn, daily_budget, rows, self.job_caps)
         for row in rows:
             used = in_flight.get(row.endpoint, 0) + taken.get(row.endpoint, 0)
             if used < limit_of(row.endpoint) and budget.reserve(row.job_id, row.estimate_usd):
@@ -282,19 +284,22 @@ class Budget:
     job_left: dict[str, float]
 
     @classmethod
-    def read(cls, conn: Connection, daily_budget: float | None, candidates: list[Any]) -> Budget:
+    def read(
+        cls, conn: Connection, daily_budget: float | None, candidates: list[Any], caps: dict[str, float | None]
+    ) -> Budget:
+        """`caps` (job id -> its budget_usd) is the caller's cache: a job's budget is fixed when
+        it is staged, so each job is looked up once per process, not on every claim."""
         priced = [r for r in candidates if r.estimate_usd is not None]
         if not priced:
             return cls(None, {})
         daily_left = None if daily_budget is None else daily_budget - spent_today(conn)
-        job_ids = sorted({r.job_id for r in priced if r.job_id is not None})
-        job_left: dict[str, float] = {}
-        if job_ids:
-            budgets = conn.execute(
-                select(jobs.c.id, jobs.c.budget_usd).where(jobs.c.id.in_(job_ids), jobs.c.budget_usd.is_not(None))
-            ).all()
-            for job_id, cap in budgets:
-                job_left[job_id] = float(cap) - job_spent(conn, job_id)
+        unknown = sorted({r.job_id for r in priced if r.job_id is not None} - caps.keys())
+        if unknown:
+            query = select(jobs.c.id, jobs.c.budget_usd).where(jobs.c.id.in_(unknown))
+            found: dict[str, float | None] = {row.id: row.budget_usd for row in conn.execute(query)}
+            caps.update({job_id: found.get(job_id) for job_id in unknown})
+        capped = sorted({r.job_id for r in priced if r.job_id is not None and caps.get(r.job_id) is not None})
+        job_left = {job_id: float(caps[job_id] or 0.0) - job_spent(conn, job_id) for job_id in capped}
         return cls(daily_left, job_left)
 
     def affordable(self, rows: list[Any]) -> list[Any]:
