@@ -88,27 +88,21 @@ class Ledger:
         evaluation job, parsed. Polls the ledger with back-off, so any process on
         the same database can wait for work done by any daemon. Raises TimeoutError.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = _FIRST_POLL_S
+        polling = _Polling(target, timeout)
         while True:
             rows, settled = self._results(target)
             if settled:
                 return rows
-            _check_deadline(deadline, rows, target)
-            time.sleep(_sleep_for(delay, deadline))
-            delay = min(delay * 2, _MAX_POLL_S)
+            time.sleep(polling.next_sleep(rows))
 
     async def await_results(self, target: Sequence[int] | str, *, timeout: float | None = None) -> list[dict[str, Any]]:
         """`wait` for async stages: the event loop runs on while the ledger is polled."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = _FIRST_POLL_S
+        polling = _Polling(target, timeout)
         while True:
             rows, settled = await anyio.to_thread.run_sync(self._results, target)
             if settled:
                 return rows
-            _check_deadline(deadline, rows, target)
-            await anyio.sleep(_sleep_for(delay, deadline))
-            delay = min(delay * 2, _MAX_POLL_S)
+            await anyio.sleep(polling.next_sleep(rows))
 
     def _results(self, target: Sequence[int] | str) -> tuple[list[dict[str, Any]], bool]:
         if isinstance(target, str):
@@ -127,15 +121,25 @@ class Ledger:
         return rows, settled
 
 
-def _check_deadline(deadline: float | None, rows: list[dict[str, Any]], target: Sequence[int] | str) -> None:
-    if deadline is not None and time.monotonic() >= deadline:
-        waiting = sum(1 for r in rows if not r["settled"])
-        what = f"job {target!r}" if isinstance(target, str) else f"{len(rows)} request(s)"
-        raise TimeoutError(f"{what}: {waiting} request(s) not settled yet")
+class _Polling:
+    """How long to sleep between looks at the ledger: soon at first, then once a second, and
+    never past the caller's timeout (TimeoutError, naming what is not settled yet)."""
 
+    def __init__(self, target: Sequence[int] | str, timeout: float | None) -> None:
+        self.target = target
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.delay = _FIRST_POLL_S
 
-def _sleep_for(delay: float, deadline: float | None) -> float:
-    return delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
+    def next_sleep(self, rows: list[dict[str, Any]]) -> float:
+        sleep, self.delay = self.delay, min(self.delay * 2, _MAX_POLL_S)
+        if self.deadline is None:
+            return sleep
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            waiting = sum(1 for r in rows if not r["settled"])
+            what = f"job {self.target!r}" if isinstance(self.target, str) else f"{len(rows)} request(s)"
+            raise TimeoutError(f"{what}: {waiting} request(s) not settled yet")
+        return min(sleep, left)
 
 
 def announce(result: EnqueueResult) -> None:
