@@ -24,14 +24,18 @@ from ledger.settings import load_settings
 EXAMPLE_SPEC = Path(__file__).resolve().parents[1] / "examples" / "eval" / "spec.toml"
 
 
+def demo_provider(latency: float) -> MockProviderConfig:
+    """The demos' mock provider: `latency` per call, some jitter, a few 503s so retries show."""
+    return MockProviderConfig(latency=latency, jitter=latency / 3, fault_rates={"503": 0.1}, seed=7)
+
+
 def run_demo(workdir: Path, *, limit: int = 5, latency: float = 0.3) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     database = workdir / "ledger.db"
     for stale in workdir.glob("ledger.db*"):
         stale.unlink()
     log_path = workdir / "daemon.log"
-    config = MockProviderConfig(latency=latency, jitter=latency / 3, fault_rates={"503": 0.1}, seed=7)
-    with running_mock_provider(config) as mock, log_path.open("w") as log:
+    with running_mock_provider(demo_provider(latency)) as mock, log_path.open("w") as log:
         configure_logging("INFO", stream=log)
         settings = load_settings(
             _env_file=None,

@@ -25,9 +25,9 @@ from typing import Any
 
 from sqlalchemy import create_engine, make_url, text
 
-from adapters.mock_provider import MockProviderConfig, running_mock_provider
+from adapters.mock_provider import running_mock_provider
 from ledger.api import Ledger
-from ledger.demo import EXAMPLE_SPEC
+from ledger.demo import EXAMPLE_SPEC, demo_provider
 from ledger.settings import load_settings
 
 DEMO_SCHEMA = "ledger_demo"
@@ -74,8 +74,7 @@ def run_scale_demo(
     workdir: Path, *, daemons: int, url: str, limit: int = 5, latency: float = 0.3, kill_one: bool = False
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
-    config = MockProviderConfig(latency=latency, jitter=latency / 3, fault_rates={"503": 0.1}, seed=7)
-    with demo_database(url) as (database, embedded), running_mock_provider(config) as mock:
+    with demo_database(url) as (database, embedded), running_mock_provider(demo_provider(latency)) as mock:
         settings = load_settings(
             _env_file=None,
             LEDGER_DATABASE_URL=database,
