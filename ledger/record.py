@@ -15,8 +15,15 @@ waiting for a commit that will not come.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import functools
 import logging
+import queue
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -34,20 +41,40 @@ LOG = logging.getLogger("ledger.record")
 
 
 class DbLane:
-    """Runs blocking store calls in a worker thread, one at a time, retrying transient failures."""
+    """Runs blocking store calls in the lane's own thread, one at a time, retrying transient failures.
+
+    The thread is the lane's, not a pool's: a call is handed over with a plain queue put
+    and its answer comes back with one `call_soon_threadsafe`, so reaching the database
+    costs no event-loop turns. Under load every turn waits behind the SDK work of all
+    calls in flight, and a pooled worker thread (a limiter to acquire, checkpoints on the
+    way in) cost three or four of them per transaction: with ten slots at zero latency
+    that, not the database, was most of a group commit's round trip (issue 9).
+    """
+
+    # An idle lane's thread ends after this long; the next call starts another.
+    IDLE_SECONDS = 10.0
 
     def __init__(self, retry_seconds: float = 60.0, *, abandon_on_cancel: bool = False) -> None:
         """`abandon_on_cancel`: a caller that gives up (a deadline) does not wait for the thread,
         which finishes on its own; only for work whose outcome nobody waits for (renewals)."""
-        self._limiter = anyio.CapacityLimiter(1)
         self._retry_seconds = retry_seconds
         self._abandon = abandon_on_cancel
+        self._calls: queue.SimpleQueue[_LaneCall] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await self.run_within(self._retry_seconds, fn, *args, **kwargs)
 
     async def run_within(self, retry_seconds: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`run`, retrying for `retry_seconds` instead of the lane's own window."""
+        call = functools.partial(fn, *args, **kwargs)
+        try:  # the common case, without building a retry loop
+            return await self._in_thread(call)
+        except Exception as exc:
+            if not is_transient(exc) or retry_seconds <= 0:
+                raise
+            _log_failed_try(1, exc)
         retrying = AsyncRetrying(
             retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.05, max=2.0),
@@ -56,20 +83,75 @@ class DbLane:
             before_sleep=_log_retry,
             reraise=True,
         )
+        await anyio.sleep(0.05)
         async for attempt in retrying:
             with attempt:
-                return await anyio.to_thread.run_sync(
-                    lambda: fn(*args, **kwargs), limiter=self._limiter, abandon_on_cancel=self._abandon
-                )
+                return await self._in_thread(call)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    async def _in_thread(self, call: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = loop.create_future()
+        self._calls.put((contextvars.copy_context(), call, answer, loop))
+        self._ensure_thread()
+        if self._abandon:
+            return await answer  # cancelled: the thread finishes the call and drops its answer
+        with anyio.CancelScope(shield=True):  # a call under way is waited for, as a cancelled caller's too
+            return await answer
+        raise AssertionError("unreachable: a shielded wait is not cancelled")  # pragma: no cover
+
+    def _ensure_thread(self) -> None:
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="ledger-db-lane", daemon=True)
+                self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                context, call, answer, loop = self._calls.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                with self._thread_lock:
+                    if self._calls.empty():
+                        self._thread = None
+                        return
+                continue
+            try:
+                result: Any = context.run(call)
+            except BaseException as exc:
+                _answer(loop, answer, None, exc)
+            else:
+                _answer(loop, answer, result, None)
+
+
+_LaneCall = tuple[contextvars.Context, Callable[[], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
+
+
+def _answer(
+    loop: asyncio.AbstractEventLoop, answer: asyncio.Future[Any], result: Any, error: BaseException | None
+) -> None:
+    def settle() -> None:
+        if answer.done():  # its caller gave up (an abandoning lane)
+            return
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
+        loop.call_soon_threadsafe(settle)
+
+
+def _log_failed_try(attempt: int, error: BaseException) -> None:
+    LOG.warning(
+        "database unavailable, trying again",
+        extra={"details": {"attempt": attempt, "error": one_line(error)}},
+    )
 
 
 def _log_retry(state: RetryCallState) -> None:
     error = state.outcome.exception() if state.outcome else None
-    LOG.warning(
-        "database unavailable, trying again",
-        extra={"details": {"attempt": state.attempt_number, "error": one_line(error)}},
-    )
+    _log_failed_try(state.attempt_number + 1, error or RuntimeError("unknown"))
 
 
 class RecorderStopped(RuntimeError):
@@ -86,7 +168,16 @@ class Recorder:
     When a group frees slots, `claim_args()` (the scheduler's) says whether and
     how to claim again; the claim then rides in the same transaction and its
     result goes to `on_slot_freed`, so a freed slot is refilled with one commit.
+
+    Under load the lane's thread writes group after group without coming back to
+    the event loop in between: what finished while one transaction ran is the next
+    group, and each group's results are handed to the loop as soon as it commits
+    (in commit order, one callback each). A round trip through the loop per group
+    would leave the slots of the next group waiting a few loop turns for nothing.
     """
+
+    # Groups written in one turn of the lane before the lane's other users get theirs.
+    GROUPS_PER_TURN = 16
 
     def __init__(
         self,
@@ -99,9 +190,10 @@ class Recorder:
         self._lane = lane
         self._on_slot_freed = on_slot_freed
         self._claim_args = claim_args
-        # Per outcome: its event and a one-item box for what became of it (None: never written).
-        self._pending: list[tuple[Outcome, anyio.Event, list[Written | None]]] = []
-        self._writing: list[Outcome] = []  # the group whose transaction is under way
+        # Shared with the lane's thread: outcomes waiting for a transaction, and the group in one.
+        self._lock = threading.Lock()
+        self._pending: list[_Waiting] = []
+        self._writing: list[Outcome] = []
         self._wake = anyio.Event()
         self._stopped = False
 
@@ -112,14 +204,16 @@ class Recorder:
         """
         if self._stopped:
             raise RecorderStopped("the recorder has stopped")
-        done, box = anyio.Event(), list[Written | None]([None])
-        self._pending.append((outcome, done, box))
+        written: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            self._pending.append(_Waiting(outcome, written))
         self._wake.set()
         with anyio.CancelScope(shield=True):  # a finished paid call is always written, or the daemon stops
-            await done.wait()
-        if box[0] is None:
-            raise RecorderStopped("the recorder stopped before this outcome was written")
-        return box[0]
+            try:
+                return await written
+            except _NeverWritten:
+                raise RecorderStopped("the recorder stopped before this outcome was written") from None
+        raise AssertionError("unreachable: a shielded wait is not cancelled")  # pragma: no cover
 
     def unwritten(self) -> list[tuple[int, int]]:
         """Leases (request id, token) whose outcomes are in hand but not committed yet.
@@ -128,7 +222,8 @@ class Recorder:
         an outage longer than a lease, the answers are here, and a reclaim before they are
         written would put their requests back in the queue to be called (and paid) again.
         """
-        outcomes = [item[0] for item in self._pending] + self._writing
+        with self._lock:
+            outcomes = [w.outcome for w in self._pending] + self._writing
         return sorted({(o.request.id, o.request.token) for o in outcomes})
 
     def notify_slot_freed(self) -> None:
@@ -146,9 +241,41 @@ class Recorder:
         finally:
             # Whatever stopped us (a database failure, the daemon's cancellation), nobody waits forever.
             self._stopped = True
-            pending, self._pending = self._pending, []
-            for _, done, _box in pending:
-                done.set()
+            with self._lock:
+                pending, self._pending = self._pending, []
+            for waiting in pending:
+                if not waiting.written.done():
+                    waiting.written.set_exception(_NeverWritten())
+
+    async def flush(self) -> None:
+        """Write what is pending, a lane turn at a time, until nothing is."""
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            await self._lane.run(self._write_groups, loop)
+
+    def _write_groups(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In the lane's thread: write groups back to back, handing each one's results to the loop.
+
+        A failed transaction puts its group back in front of what came since, so the
+        lane's retry (or the next flush) writes it first; nothing is delivered for it.
+        """
+        for _ in range(self.GROUPS_PER_TURN):
+            with self._lock:
+                group, self._pending = self._pending, []
+                self._writing = [w.outcome for w in group]
+            if not group:
+                return
+            outcomes = self._writing
+            try:
+                recorded = self._write(outcomes, any(_frees_slot(o) for o in outcomes))
+            except BaseException:
+                with self._lock:
+                    self._pending = group + self._pending
+                raise
+            finally:
+                with self._lock:
+                    self._writing = []
+            loop.call_soon_threadsafe(self._delivered, group, recorded)
 
     def _write(self, outcomes: list[Outcome], frees: bool) -> Recorded:
         """One try, in the lane's thread. The claim's arguments are asked for at each try, not
@@ -156,27 +283,28 @@ class Recorder:
         claim_args = self._claim_args() if frees else None
         return self._store.record(outcomes, **(claim_args or {}))
 
-    async def flush(self) -> None:
-        while self._pending:
-            group, self._pending = self._pending, []
-            outcomes = self._writing = [item[0] for item in group]
-            try:
-                recorded = await self._lane.run(self._write, outcomes, any(_frees_slot(o) for o in outcomes))
-            except BaseException:
-                self._pending = group + self._pending  # still unwritten: woken as such by run()
-                raise
-            finally:
-                self._writing = []
-            pairs = list(zip(outcomes, recorded.written, strict=True))
-            freed_here = [
-                o.request for o, w in pairs if w is Written.CANCELED or (w is Written.APPLIED and _frees_slot(o))
-            ]
-            events.slots_released(ReleasedRows(freed_here, recorded.active_slots, recorded.ts_before_commit))
-            # A refused outcome frees nothing of ours (whoever took the row over freed the slot)
-            # but still means its executor stops: wake the claim loop all the same.
-            freed = any(w is not Written.APPLIED or _frees_slot(o) for o, w in pairs)
-            for (_, done, box), (_, written) in zip(group, pairs, strict=True):
-                box[0] = written
-                done.set()
-            if freed or recorded.claim:
-                self._on_slot_freed(recorded.claim)
+    def _delivered(self, group: list[_Waiting], recorded: Recorded) -> None:
+        """On the loop, in commit order: log what the group freed, answer its executors, refill."""
+        pairs = [(w.outcome, written) for w, written in zip(group, recorded.written, strict=True)]
+        freed_here = [o.request for o, w in pairs if w is Written.CANCELED or (w is Written.APPLIED and _frees_slot(o))]
+        events.slots_released(ReleasedRows(freed_here, recorded.active_slots, recorded.ts_before_commit))
+        # A refused outcome frees nothing of ours (whoever took the row over freed the slot)
+        # but still means its executor stops: wake the claim loop all the same.
+        freed = any(w is not Written.APPLIED or _frees_slot(o) for o, w in pairs)
+        for waiting, (_, written) in zip(group, pairs, strict=True):
+            if not waiting.written.done():
+                waiting.written.set_result(written)
+        if freed or recorded.claim:
+            self._on_slot_freed(recorded.claim)
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    """An outcome and the future its executor waits on until the outcome is committed."""
+
+    outcome: Outcome
+    written: asyncio.Future[Written]
+
+
+class _NeverWritten(Exception):
+    """Set on the futures of outcomes left unwritten when the recorder stops."""
