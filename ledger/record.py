@@ -24,6 +24,7 @@ from anyio.abc import TaskStatus
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay, wait_exponential
 
 from ledger import events
+from ledger.metrics import NO_METRICS, Metrics
 from ledger.store import Store
 from ledger.store.dialect import is_transient
 from ledger.store.rows import Claim, Completed, Failed, Outcome, Recorded, ReleasedRows, RetryLater, Written
@@ -87,6 +88,8 @@ class Recorder:
     how to claim again; the claim then rides in the same transaction and its
     result goes to `on_slot_freed`, so a freed slot is refilled with one commit.
     """
+
+    metrics: Metrics = NO_METRICS  # the daemon's, when it serves metrics
 
     def __init__(
         self,
@@ -154,7 +157,8 @@ class Recorder:
         """One try, in the lane's thread. The claim's arguments are asked for at each try, not
         once: a retry after an outage must not claim (or renew) with what was held before it."""
         claim_args = self._claim_args() if frees else None
-        return self._store.record(outcomes, **(claim_args or {}))
+        with self.metrics.record_transaction():
+            return self._store.record(outcomes, **(claim_args or {}))
 
     async def flush(self) -> None:
         while self._pending:
@@ -168,6 +172,7 @@ class Recorder:
             finally:
                 self._writing = []
             pairs = list(zip(outcomes, recorded.written, strict=True))
+            self.metrics.recorded(outcomes, recorded.written)
             freed_here = [
                 o.request for o, w in pairs if w is Written.CANCELED or (w is Written.APPLIED and _frees_slot(o))
             ]
