@@ -360,13 +360,26 @@ def daemon(
             "A restart under the same id takes back at once what the previous process held."
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on this port at /metrics (LEDGER_METRICS_PORT; 0: a free port, "
+            "named in the start event).",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str | None, typer.Option(help="Address the metrics listen on (LEDGER_METRICS_HOST, default 127.0.0.1).")
+    ] = None,
 ) -> None:
     """Claim queued requests under bounded slots and call the providers, until stopped."""
     import anyio
 
     from ledger.daemon import DatabaseFailed, run_daemon
 
-    settings = settings_or_exit()
+    overrides = {"metrics_port": metrics_port, "metrics_host": metrics_host}
+    settings = settings_or_exit(**{name: value for name, value in overrides.items() if value is not None})
     configure_logs(settings)
     with operator_errors():
         try:

@@ -24,6 +24,7 @@ from ledger import events
 from ledger.batches import BatchWorker
 from ledger.executor import CallContext
 from ledger.jobs import Coordinator
+from ledger.metrics import serve_metrics
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.scheduler import Scheduler
@@ -67,6 +68,11 @@ async def run_daemon(
     idle_bound = max(settings.lease_seconds / 4, 1.0)
     store = Store(settings.database_url, ping_on_checkout=False, idle_in_transaction_s=idle_bound)
     store.pool_probe_seconds = settings.pool_probe_seconds
+    try:
+        served = serve_metrics(settings)  # None without a metrics port: nothing listens
+    except BaseException:
+        store.close()
+        raise
     lane = DbLane(settings.db_retry_seconds)
     stop = stop or anyio.Event()
     started = time.monotonic()
@@ -80,6 +86,8 @@ async def run_daemon(
         worker,
         adapters,
     )
+    if served is not None:
+        recorder.metrics = scheduler.metrics = scheduler.leases.metrics = served.metrics
     batch_worker = BatchWorker(store, lane, settings, worker, batch_adapters)
     coordinator = Coordinator(store, lane, settings)
     events.started(
@@ -98,6 +106,7 @@ async def run_daemon(
         job_capacity=settings.job_capacity,
         daily_budget_usd=settings.daily_budget_usd,
         database=store.engine.url.render_as_string(hide_password=True),
+        metrics=served.url if served is not None else None,
     )
 
     no_grace = anyio.Event()
@@ -130,6 +139,14 @@ async def run_daemon(
             services.start_soon(keep_leases)
             if handle_signals:
                 services.start_soon(watch_signals)
+            if served is not None:
+                # A lane of its own: the reading never waits behind, nor holds up, the recorder's commits.
+                reads = DbLane(abandon_on_cancel=True)
+                services.start_soon(
+                    served.metrics.keep_reading,
+                    lambda: reads.run_within(0, store.ledger_counts),
+                    settings.metrics_interval,
+                )
             async with anyio.create_task_group() as work:
                 work.start_soon(run_batches)
                 work.start_soon(lambda: coordinator.run(stop=stop, until_idle=until_idle))
@@ -161,6 +178,8 @@ async def run_daemon(
             "(requests in flight go back to the queue when their leases expire)"
         ) from cause
     finally:
+        if served is not None:
+            served.close()
         store.close()
     return DaemonReport(
         scheduler.state.claimed_total,

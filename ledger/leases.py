@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import anyio
 from sqlalchemy.exc import DBAPIError
 
+from ledger.metrics import NO_METRICS, Metrics
 from ledger.record import DbLane
 from ledger.settings import Settings
 from ledger.store import Store
@@ -34,6 +35,8 @@ LEASE_LAPSE = 0.75
 
 
 class LeaseKeeper:
+    metrics: Metrics = NO_METRICS  # the daemon's, when it serves metrics
+
     def __init__(self, store: Store, settings: Settings, worker_id: str) -> None:
         self._store = store
         self._worker = worker_id
@@ -103,6 +106,7 @@ class LeaseKeeper:
                 next_at = attempt_at + self._lease / 3
                 continue
             now = time.monotonic()
+            self.metrics.renewal_lost()
             LOG.error(
                 "could not renew leases",
                 extra={"details": {"error": error, "seconds_since_renewal": round(now - oldest, 1)}},
@@ -170,6 +174,7 @@ class LeaseKeeper:
             if scope is not None:
                 scope.cancel()
         if keys:
+            self.metrics.leases_cut(len(keys))
             ids = sorted(request_id for request_id, _ in keys)[:50]
             LOG.log(level, message, extra={"details": {"count": len(keys), "request_ids": ids, **details}})
 

@@ -31,6 +31,7 @@ from anyio.abc import TaskStatus
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay, wait_exponential
 
 from ledger import events
+from ledger.metrics import NO_METRICS, Metrics
 from ledger.store import Store
 from ledger.store.dialect import is_transient
 from ledger.store.rows import Claim, Completed, Failed, Outcome, Recorded, ReleasedRows, RetryLater, Written
@@ -178,6 +179,7 @@ class Recorder:
 
     # Groups written in one turn of the lane before the lane's other users get theirs.
     GROUPS_PER_TURN = 16
+    metrics: Metrics = NO_METRICS  # the daemon's, when it serves metrics
 
     def __init__(
         self,
@@ -281,11 +283,13 @@ class Recorder:
         """One try, in the lane's thread. The claim's arguments are asked for at each try, not
         once: a retry after an outage must not claim (or renew) with what was held before it."""
         claim_args = self._claim_args() if frees else None
-        return self._store.record(outcomes, **(claim_args or {}))
+        with self.metrics.record_transaction():
+            return self._store.record(outcomes, **(claim_args or {}))
 
     def _delivered(self, group: list[_Waiting], recorded: Recorded) -> None:
         """On the loop, in commit order: log what the group freed, answer its executors, refill."""
         pairs = [(w.outcome, written) for w, written in zip(group, recorded.written, strict=True)]
+        self.metrics.recorded([w.outcome for w in group], recorded.written)
         freed_here = [o.request for o, w in pairs if w is Written.CANCELED or (w is Written.APPLIED and _frees_slot(o))]
         events.slots_released(ReleasedRows(freed_here, recorded.active_slots, recorded.ts_before_commit))
         # A refused outcome frees nothing of ours (whoever took the row over freed the slot)

@@ -23,6 +23,7 @@ from adapters.registry import make_adapter
 from ledger import events
 from ledger.executor import CallContext, execute
 from ledger.leases import LeaseKeeper
+from ledger.metrics import NO_METRICS, Metrics
 from ledger.record import RecorderStopped
 from ledger.settings import Settings
 from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed, ReleasedRows, Written
@@ -39,6 +40,8 @@ class SchedulerState:
 
 
 class Scheduler:
+    metrics: Metrics = NO_METRICS  # the daemon's, when it serves metrics
+
     def __init__(
         self, ctx: CallContext, settings: Settings, worker_id: str, adapters: dict[str, Adapter] | None = None
     ) -> None:
@@ -114,11 +117,16 @@ class Scheduler:
 
     async def claim_once(self, tg: TaskGroup) -> int:
         # The limits are read at each try (the held leases change while a retry waits).
-        claim = await self.ctx.lane.run(lambda: self.ctx.store.claim(self.worker_id, **self.limits_now()))
+        claim = await self.ctx.lane.run(self._claim)
         return self._accept(claim, tg)
+
+    def _claim(self) -> Claim:
+        with self.metrics.claim_transaction():
+            return self.ctx.store.claim(self.worker_id, **self.limits_now())
 
     def _accept(self, claim: Claim, tg: TaskGroup) -> int:
         """Announce and start what a claim took; returns how many."""
+        self.metrics.claimed(claim)
         if claim.reclaimed.requests:
             self.state.reclaimed_total += len(claim.reclaimed.requests)
             self.announce_released(claim.reclaimed, "reclaimed expired leases")

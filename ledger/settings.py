@@ -87,6 +87,11 @@ class Settings(BaseSettings):
     job_capacity: int = Field(default=4, alias="LEDGER_JOB_CAPACITY", ge=1)
     daily_budget_usd: float | None = Field(default=None, alias="LEDGER_DAILY_BUDGET_USD", ge=0)
     log_level: str = Field(default="INFO", alias="LEDGER_LOG_LEVEL")
+    # Prometheus metrics of the daemon (`ledger daemon --metrics-port`): off unless a port is given;
+    # 0 takes a free port, named in the `start` event.
+    metrics_port: int | None = Field(default=None, alias="LEDGER_METRICS_PORT", ge=0, le=65535)
+    metrics_host: str = Field(default="127.0.0.1", alias="LEDGER_METRICS_HOST")
+    metrics_interval: float = Field(default=5.0, alias="LEDGER_METRICS_INTERVAL", gt=0)
 
     # Provider SDK conventions; read here only to hand them to the adapters.
     openai_api_key: str | None = Field(default=None, alias="OPENAI_API_KEY", repr=False)

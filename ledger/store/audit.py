@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import case, column, func, select, table
 from sqlalchemy.engine import Engine
 
-from ledger.models import BATCH_AUDIT_VIEW, AttemptOutcome, LlmAttempt, LlmBatch, LlmPool, LlmRequest, RequestStatus
+from ledger.models import (
+    BATCH_AUDIT_VIEW,
+    AttemptOutcome,
+    Delivery,
+    LlmAttempt,
+    LlmBatch,
+    LlmPool,
+    LlmRequest,
+    RequestStatus,
+)
 from ledger.store.dialect import db_now
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -30,6 +40,15 @@ LIST_COLUMNS = (
     "latency_ms",
     "created_at",
 )
+
+
+@dataclass(frozen=True)
+class LedgerCounts:
+    """What the ledger holds at one moment, for the gauges every daemon serves alike."""
+
+    requests: dict[tuple[str, str], int]  # (endpoint, status) -> requests
+    due: dict[str, int]  # endpoint -> online requests queued and due now
+    learned_limits: dict[str, int]  # endpoint -> learned limit, where one stands
 
 
 class AuditQueries:
@@ -188,6 +207,36 @@ class AuditQueries:
                 pool["cooldown_until"] = until if cooling else None
                 pool["learned_limit"] = learned
             return usage
+
+    def ledger_counts(self) -> LedgerCounts:
+        """Requests per pool and status, what waits only for a slot, and the learned limits.
+
+        One transaction, so the numbers agree with each other. The per-status count reads
+        the (status, endpoint) index only; it is what a metrics reading costs, paid once per
+        LEDGER_METRICS_INTERVAL by each daemon serving metrics (on SQLite it holds the file's
+        write lock meanwhile, as every transaction there does).
+        """
+        c = requests.c
+        due = (
+            select(c.endpoint, func.count())
+            .where(
+                c.status == RequestStatus.QUEUED.value,
+                c.delivery == Delivery.ONLINE.value,
+                c.next_attempt_at <= db_now(),
+            )
+            .group_by(c.endpoint)
+        )
+        with self.engine.connect() as conn:
+            by_status = conn.execute(select(c.endpoint, c.status, func.count()).group_by(c.endpoint, c.status))
+            counts = {(str(endpoint), str(status)): int(n) for endpoint, status, n in by_status}
+            ready = {str(endpoint): int(n) for endpoint, n in conn.execute(due)}
+            learned = {
+                str(endpoint): int(limit)
+                for endpoint, limit in conn.execute(
+                    select(pools.c.endpoint, pools.c.learned_limit).where(pools.c.learned_limit.is_not(None))
+                )
+            }
+        return LedgerCounts(counts, ready, learned)
 
 
 def _seconds_between(earlier: Any, later: Any) -> float:

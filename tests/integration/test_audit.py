@@ -109,3 +109,23 @@ def test_readme_audit_queries_run_and_answer(db_url: str) -> None:
     assert [(r["id"], r["status"], r["rate_limited_attempts"]) for r in saw_429] == [(ids["ok"], "completed", 1)]
     assert [(r["model"], r["requests"], r["input_tokens"]) for r in spend] == [("gpt-4o-mini", 1, 20)]
     assert in_flight == [] and batches == []  # batches: see test_provider_batches
+
+
+def test_ledger_counts_behind_the_metrics_gauges(db_url: str) -> None:
+    """Per pool and status; queue depth leaves out a request in back-off; the learned limit as stored."""
+    populate(db_url)
+    store = Store(db_url)
+    try:
+        pool = "mock:gpt-4o-mini"
+        assert store.ledger_counts().due == {pool: 1}
+        limits = {"lease_seconds": 30, "global_limit": 2, "pool_limit": lambda _: 2, "max_attempts": 3, "max_claims": 1}
+        (waiting,) = store.claim("w", **limits).requests
+        failure = AttemptFailure(503, "unavailable", "later", 5)
+        store.record([RetryLater(waiting, 1, failure, delay_s=600.0, hold_slot=False)])
+        counts = store.ledger_counts()
+        assert counts.requests == {(pool, "completed"): 1, (pool, "error"): 1, (pool, "queued"): 1}
+        assert counts.due == {}  # queued, but not due for ten minutes
+        learned = store.pool_usage()[pool]["learned_limit"]
+        assert learned is not None and counts.learned_limits == {pool: learned}
+    finally:
+        store.close()
