@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 
 import anyio
@@ -37,8 +37,13 @@ LEASE_LAPSE = 0.75
 class LeaseKeeper:
     metrics: Metrics = NO_METRICS  # the daemon's, when it serves metrics
 
-    def __init__(self, store: Store, settings: Settings, worker_id: str) -> None:
+    def __init__(
+        self, store: Store, settings: Settings, worker_id: str, answered: Callable[[], Collection[Held]] = frozenset
+    ) -> None:
+        """`answered`: the leases whose outcomes are with the recorder (written or about to be):
+        a renewal that no longer finds those running is seeing them finish, not lost."""
         self._store = store
+        self._answered = answered
         self._worker = worker_id
         self._lease = settings.lease_seconds
         self._retry_seconds = settings.db_retry_seconds
@@ -149,10 +154,11 @@ class LeaseKeeper:
     def _let_go(self, lost: set[Held]) -> None:
         """Leases held here that the renewal did not find ours any more (taken over after a pause
         longer than the lease, or just finished): whatever call is still running stops."""
+        answered = self._answered()
         self._cut(
-            [key for key in lost if key in self._held],
+            [key for key in lost if key in self._held and key not in answered],
             logging.WARNING,
-            "leases no longer ours (taken over or just finished): calls cut off",
+            "leases no longer ours (taken over): calls cut off",
         )
 
     def _cut_off_lapsing(self, now: float) -> None:

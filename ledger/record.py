@@ -196,6 +196,8 @@ class Recorder:
         self._lock = threading.Lock()
         self._pending: list[_Waiting] = []
         self._writing: list[Outcome] = []
+        # Leases (request id, token) whose outcomes were submitted and not yet answered.
+        self._in_hand: dict[tuple[int, int], int] = {}
         self._wake = anyio.Event()
         self._stopped = False
 
@@ -207,14 +209,21 @@ class Recorder:
         if self._stopped:
             raise RecorderStopped("the recorder has stopped")
         written: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
+        key = (outcome.request.id, outcome.request.token)
+        self._in_hand[key] = self._in_hand.get(key, 0) + 1
         with self._lock:
             self._pending.append(_Waiting(outcome, written))
         self._wake.set()
-        with anyio.CancelScope(shield=True):  # a finished paid call is always written, or the daemon stops
-            try:
-                return await written
-            except _NeverWritten:
-                raise RecorderStopped("the recorder stopped before this outcome was written") from None
+        try:
+            with anyio.CancelScope(shield=True):  # a finished paid call is always written, or the daemon stops
+                try:
+                    return await written
+                except _NeverWritten:
+                    raise RecorderStopped("the recorder stopped before this outcome was written") from None
+        finally:
+            left = self._in_hand.pop(key) - 1
+            if left:
+                self._in_hand[key] = left
         raise AssertionError("unreachable: a shielded wait is not cancelled")  # pragma: no cover
 
     def unwritten(self) -> list[tuple[int, int]]:
@@ -227,6 +236,11 @@ class Recorder:
         with self._lock:
             outcomes = [w.outcome for w in self._pending] + self._writing
         return sorted({(o.request.id, o.request.token) for o in outcomes})
+
+    def in_hand(self) -> set[tuple[int, int]]:
+        """Leases whose outcomes were handed in and not answered yet (written or not): a renewal
+        that finds one of these no longer running sees it finish, not taken over."""
+        return set(self._in_hand)
 
     def notify_slot_freed(self) -> None:
         """A slot was freed outside a recorded outcome (e.g. given back after a back-off)."""

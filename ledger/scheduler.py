@@ -55,7 +55,7 @@ class Scheduler:
         self._all_done = anyio.Event()
         self._all_done.set()
         self._tg: TaskGroup | None = None
-        self.leases = LeaseKeeper(ctx.store, settings, worker_id)
+        self.leases = LeaseKeeper(ctx.store, settings, worker_id, ctx.recorder.in_hand)
         self._stopping = False
         self._stop = anyio.Event()
         self._last_reclaim = -float("inf")

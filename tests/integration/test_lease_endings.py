@@ -6,6 +6,7 @@ lease, and never while the provider may still be working on the call.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -375,3 +376,52 @@ def test_a_daemon_woken_after_a_freeze_does_not_call_for_a_lease_it_may_have_los
     anyio.run(wake_up)
     assert adapter.calls == 0
     assert scheduler.leases.held() == []  # cut: never renewed again; the row goes back when its lease expires
+
+
+def test_a_renewal_that_sees_answered_requests_finish_cuts_nothing_off(db_url: str, store: Store) -> None:
+    """A renewal runs beside the group commits: it can find a request already completed whose
+    executor has not heard back yet. That request finished; it was not taken over, and the log
+    must not say calls were cut off (an operator would go looking for a pause that never was)."""
+    from ledger.leases import LeaseKeeper
+    from ledger.record import DbLane, Recorder
+    from ledger.settings import load_settings
+
+    add(store, 2)
+    settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=db_url)
+    answered, working = claim(store, "daemon").requests
+    recorder = Recorder(store, DbLane(1.0), lambda _claim: None)
+    keeper = LeaseKeeper(store, settings, "daemon", recorder.in_hand)
+    for request in (answered, working):
+        keeper.hold((request.id, request.token), time.monotonic())
+    warnings = _Records(logging.WARNING)
+    ledger_log = logging.getLogger("ledger")
+
+    async def renewal_between_commit_and_answer() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(recorder.submit, Completed(answered, answered.attempt, "the answer", 5))
+            await anyio.sleep(0)  # handed in; committed below, not yet answered
+            store.record([Completed(answered, answered.attempt, "the answer", 5)])
+            keys = keeper.held()
+            renewed, error = await keeper._try_renew(keys, 5.0)
+            assert error is None and renewed == [(working.id, working.token)]
+            keeper._let_go(set(keys) - set(renewed))
+            await recorder.flush()
+
+    ledger_log.addHandler(warnings)
+    try:
+        anyio.run(renewal_between_commit_and_answer)
+    finally:
+        ledger_log.removeHandler(warnings)
+    assert [r.getMessage() for r in warnings.records if "cut off" in r.getMessage()] == []
+    assert (working.id, working.token) in keeper.held()
+
+
+class _Records(logging.Handler):
+    """The ledger's log records, kept (the ledger's logger may not propagate to pytest's)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
