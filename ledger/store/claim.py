@@ -113,6 +113,18 @@ _TAKE = (
     .returning(*CLAIMED_COLUMNS)
 )
 START_ATTEMPT = insert(attempts).values(started_at=db_now())
+# The take and its attempt rows in one statement, where the database can (PostgreSQL: a
+# data-modifying CTE), saving the claim a round trip.
+_taken = _TAKE.cte("taken")
+RUNNING_ATTEMPT = AttemptOutcome.RUNNING.value
+_TAKE_AND_START = select(*(_taken.c[col.name] for col in CLAIMED_COLUMNS)).add_cte(
+    insert(attempts)
+    .from_select(
+        ["request_id", "attempt", "worker", "outcome", "started_at"],
+        select(_taken.c.id, _taken.c.attempts, bindparam("b_worker"), literal(RUNNING_ATTEMPT), db_now()),
+    )
+    .cte("started")
+)
 # How an attempt row is closed, online (record) and in a provider batch (mapping) alike.
 ATTEMPT_END: dict[str, Any] = {
     "outcome": bindparam("b_outcome"),
@@ -205,14 +217,24 @@ class ClaimQueries:
             return Claim([], total, reclaimed)
         params = {"b_ids": picked, "b_worker": worker, "b_lease": lease_seconds}
         leased_at = time.monotonic()
-        claimed = [to_claimed(r) for r in conn.execute(_TAKE, params)]
-        conn.execute(
-            START_ATTEMPT,
-            [
-                {"request_id": r.id, "attempt": r.attempt, "worker": worker, "outcome": AttemptOutcome.RUNNING.value}
-                for r in claimed
-            ],
+        took = self.dialect.update_then_insert(
+            conn,
+            _TAKE_AND_START,
+            (_TAKE, params),
+            lambda rows: (
+                START_ATTEMPT,
+                [
+                    {
+                        "request_id": r.id,
+                        "attempt": r.attempts,
+                        "worker": worker,
+                        "outcome": AttemptOutcome.RUNNING.value,
+                    }
+                    for r in rows
+                ],
+            ),
         )
+        claimed = [to_claimed(r) for r in took]
         order = {request_id: i for i, request_id in enumerate(picked)}
         return Claim(sorted(claimed, key=lambda r: order[r.id]), total + len(claimed), reclaimed, leased_at)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import DateTime, String, Table, bindparam, event, text
@@ -196,6 +196,26 @@ class Dialect:
             xid = conn.execute(text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK}), pg_current_xact_id()::text")).one()[1]
             conn.info[XID_KEY] = xid
         # SQLite: BEGIN IMMEDIATE already holds the only write lock.
+
+    def update_then_insert(
+        self,
+        conn: Connection,
+        together: Any,
+        update: tuple[Any, dict[str, Any]],
+        insert_for: Callable[[list[Any]], tuple[Any, list[dict[str, Any]]]],
+    ) -> list[Any]:
+        """An UPDATE ... RETURNING and the rows inserted from what it returned; returns its rows.
+
+        PostgreSQL runs `together` (the two as one statement, a data-modifying CTE): a round
+        trip fewer on the claim's path. SQLite has no writes in CTEs, and no round trips to
+        save: it runs the update, then `insert_for(rows)`'s statement with its parameters.
+        """
+        if self.name == "postgresql":
+            return list(conn.execute(together, update[1]))
+        rows = list(conn.execute(*update))
+        if rows:
+            conn.execute(*insert_for(rows))
+        return rows
 
     def transaction_status(self, conn: Connection, xid: str) -> str | None:
         """'committed', 'aborted' or 'in progress' (PostgreSQL; asked on a new connection after a
