@@ -16,8 +16,9 @@ constructs defined here:
   (PostgreSQL's `lock_timeout` / `statement_timeout`).
 - `unindexed(column)`: the column's value, which the planner may not search an index by.
 - `json_rows`: a chunk of rows passed as one JSON parameter and used as a table
-  (`UPDATE ... FROM`), so a chunk of thousands of rows is one set-based statement:
-  PostgreSQL's `json_to_recordset`, SQLite's `json_each`.
+  (`UPDATE ... FROM`, `INSERT ... SELECT`), so a chunk of thousands of rows is one
+  set-based statement: PostgreSQL's `json_to_recordset`, SQLite's `json_each`.
+- `Dialect.enqueue_pacing()`: how a large enqueue shares the database with running daemons.
 """
 
 from __future__ import annotations
@@ -264,6 +265,19 @@ class Dialect:
             names = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
             found = self._statements[key] = (str(compiled), names, defaults)
         return found
+
+    def enqueue_pacing(self) -> tuple[int, float]:
+        """Rows per transaction of an enqueue, and the share of its time it may spend inside them.
+
+        SQLite has one write lock per file: a daemon's claim or record waits while an enqueue
+        holds it. Short chunks bound that wait, and a pause after each (as long as the chunk
+        took: half the time) lets a waiting daemon in; without it SQLite's busy handler, which
+        polls ever less often, could lose the lock to the next chunk again and again.
+        PostgreSQL locks rows, not the database: bigger chunks, no pause.
+        """
+        if self.name == "postgresql":
+            return 5000, 1.0
+        return 1000, 0.5
 
     def for_update(self, stmt: Select[Any]) -> Select[Any]:
         if self.name == "postgresql":
