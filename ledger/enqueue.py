@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from adapters.registry import PROVIDER_NAMES
-from ledger.fingerprint import body_hash, canonical
+from ledger.fingerprint import body_hash, canonical, json_texts
 from ledger.models import Delivery
 from ledger.params import params_problem
 from ledger.pools import endpoint_for, normalize_endpoint
@@ -147,6 +147,21 @@ def to_row(
     With a price table, the request's worst-case cost is fixed here (`estimate_usd`):
     budgets reserve it when the request is claimed.
     """
+    return checked_row(spec, compatible_base_url, prices)[0]
+
+
+def checked_row(
+    spec: RequestSpec,
+    compatible_base_url: str | None = None,
+    prices: PriceTable | None = None,
+    max_bytes: int = DEFAULT_MAX_LINE_BYTES,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """`to_row`, and its JSON columns as the text an enqueue sends (`fingerprint.json_texts`).
+
+    `EnqueueError` for a value the databases cannot store the same way (checked for both,
+    so SQLite never keeps a request PostgreSQL would refuse: NaN, a NUL character, an
+    unpaired surrogate, an object JSON has no form for) or a request over `max_bytes`.
+    """
     system_parts = [spec.system] if spec.system else []
     messages: list[dict[str, Any]] = []
     for message in spec.messages:
@@ -169,33 +184,31 @@ def to_row(
         "priority": spec.priority,
         "trace": spec.trace,
     }
-    row["idempotency_key"] = spec.idempotency_key or content_key(row)
-    row["batch_key"] = batch_key(row)
     try:
-        row["body_hash"] = body_hash(row)
-    except (TypeError, ValueError):
+        texts = json_texts(row)
+        size = sum(len(text.encode("utf-8")) for text in texts.values())
+        row["idempotency_key"] = spec.idempotency_key or content_key(row)
+        row["batch_key"] = batch_key(row)
+        row["body_hash"] = body_hash(row, texts)
+        if prices is not None:
+            prompt_bytes = len(json.dumps(input_, ensure_ascii=False).encode())
+            batch = spec.delivery is Delivery.BATCH
+            row["estimate_usd"] = prices.worst_case(spec.provider, spec.model, prompt_bytes, spec.params, batch=batch)
+    except (TypeError, ValueError):  # a value JSON or UTF-8 cannot hold (NaN, a datetime, a lone surrogate)
         raise EnqueueError(_unstorable(row)) from None
-    if prices is not None:
-        prompt_bytes = len(json.dumps(input_, ensure_ascii=False).encode())
-        batch = spec.delivery is Delivery.BATCH
-        row["estimate_usd"] = prices.worst_case(spec.provider, spec.model, prompt_bytes, spec.params, batch=batch)
-    return row
-
-
-def row_text(row: dict[str, Any], max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> str:
-    """The row as the JSON text an enqueue stages and sends, or `EnqueueError` for a value the
-    databases cannot store the same way (checked on both, so SQLite never keeps a request that
-    PostgreSQL would refuse) or a request larger than `max_bytes`."""
-    try:
-        text = canonical(row)
-        size = len(text.encode("utf-8"))
-    except (TypeError, ValueError):
-        raise EnqueueError(_unstorable(row)) from None
-    if "\\u0000" in text and _NUL.search(text):  # the substring test first: the regex is slow
+    if any("\\u0000" in text and _NUL.search(text) for text in texts.values()):  # substring first: fast
         raise EnqueueError(_unstorable(row))
+    try:
+        for value in row.values():  # the plain text columns: NUL and lone surrogates there too
+            if isinstance(value, str):
+                value.encode("utf-8")  # a lone surrogate raises
+                if "\x00" in value:
+                    raise EnqueueError(_unstorable(row))
+    except UnicodeEncodeError:
+        raise EnqueueError(_unstorable(row)) from None
     if size > max_bytes:
         raise EnqueueError(f"request is {size} bytes as stored, over the limit of {max_bytes} (LEDGER_MAX_LINE_BYTES)")
-    return text
+    return row, texts
 
 
 def _unstorable(row: dict[str, Any]) -> str:

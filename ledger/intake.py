@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ledger.enqueue import Defaults, EnqueueError, RequestSpec, read_jsonl_file, row_text, to_row
-from ledger.fingerprint import differing_fields
+from ledger.enqueue import Defaults, EnqueueError, RequestSpec, checked_row, read_jsonl_file
+from ledger.fingerprint import JSON_FIELDS, differing_fields
 from ledger.settings import Settings
 from ledger.store import EnqueueResult, Store
-from ledger.store.intake import KEYS_PER_LOOKUP, KeyConflict
+from ledger.store.intake import KEYS_PER_LOOKUP, ROW_COLUMNS, KeyConflict
 from ledger.store.queue import KEEP_INSERTED_MAX
 from ledger.store.staging import Entry, Staging
 
@@ -77,10 +77,12 @@ class Intake:
         self.store = store
         self.settings = settings
         self.positions = positions
+        self.prices = settings.prices
         self.rows_per_chunk, self.duty = store.dialect.enqueue_pacing()
+        self.columns = ROW_COLUMNS[1:]  # fair_seq is numbered when written
 
     def run(self, specs: Iterable[tuple[int, RequestSpec]]) -> EnqueueResult:
-        staging = Staging()
+        staging = Staging(self.columns)
         try:
             self._stage(staging, specs)
             known = self._check_ledger(staging) if staging.count > self.rows_per_chunk else 0
@@ -99,12 +101,12 @@ class Intake:
 
     def _entry(self, pos: int, spec: RequestSpec) -> Entry:
         try:
-            row = to_row(spec, self.settings.compatible_base_url, self.settings.prices)
-            text = row_text(row, self.settings.max_line_bytes)
+            row, texts = checked_row(spec, self.settings.compatible_base_url, self.prices, self.settings.max_line_bytes)
         except EnqueueError as exc:
             raise EnqueueError(self._at(pos, str(exc))) from None
+        values = tuple(texts[c] if c in texts else row.get(c) for c in self.columns)
         custom = spec.idempotency_key is not None
-        return Entry(pos, row["idempotency_key"], row["body_hash"], row["job_id"], custom, text)
+        return Entry(pos, row["idempotency_key"], row["body_hash"], row["job_id"], custom, values)
 
     def _add(self, staging: Staging, block: list[Entry]) -> None:
         clash = staging.add(block)
@@ -142,17 +144,14 @@ class Intake:
         inserted: list[dict[str, Any]] = []
         added = 0
         for chunk in staging.pages(self.rows_per_chunk, unknown_only=True):
-            texts = []
+            rows = []
             for entry in chunk:
-                # fair_seq goes in front of the row's own fields (a row is never empty).
-                texts.append(f'{{"fair_seq":{seqs[entry.job_id]},{entry.row[1:]}')
+                rows.append((seqs[entry.job_id], *entry.values))
                 seqs[entry.job_id] += 1
             jobs = {e.job_id for e in chunk if e.job_id is not None}
             started = time.monotonic()
             try:
-                written = self.store.insert_chunk(
-                    "[" + ",".join(texts) + "]", {e.key: e.body_hash for e in chunk}, jobs
-                )
+                written = self.store.insert_chunk(rows, {e.key: e.body_hash for e in chunk}, jobs)
             except KeyConflict as exc:
                 entry = next(e for e in chunk if e.key == exc.key)
                 raise EnqueueError(self._ledger_conflict(entry, exc.request_id, written=added)) from None
@@ -161,14 +160,15 @@ class Intake:
             if keep:
                 by_key = {e.key: e for e in chunk}
                 for request_id, key in written.inserted:
-                    trace = json.loads(by_key[key].row).get("trace")
-                    inserted.append({"id": request_id, "idempotency_key": key, "trace": trace})
+                    inserted.append(
+                        {"id": request_id, "idempotency_key": key, "trace": self._row(by_key[key])["trace"]}
+                    )
             if self.duty < 1:  # let a daemon waiting for the write lock in before the next chunk
                 time.sleep((time.monotonic() - started) * (1 - self.duty) / self.duty)
         return EnqueueResult(added, duplicates, self.store.queue_depth(), inserted if keep else [])
 
     def _ledger_conflict(self, entry: Entry, request_id: int, *, written: int) -> str:
-        ours = json.loads(entry.row)
+        ours = self._row(entry)
         fields = differing_fields(ours, self.store.stored_body(request_id))
         what = f" ({', '.join(fields)} differ{'s' if len(fields) == 1 else ''})" if fields else ""
         message = f"{self._key(entry)} is already in the ledger (request {request_id}) with a different body{what}"
@@ -178,6 +178,11 @@ class Intake:
                 " (enqueuing the input again, once fixed, skips them)"
             )
         return self._at(entry.pos, message)
+
+    def _row(self, entry: Entry) -> dict[str, Any]:
+        """A staged row as a dict of values (JSON columns parsed)."""
+        row = dict(zip(self.columns, entry.values, strict=True))
+        return {c: json.loads(v) if c in JSON_FIELDS else v for c, v in row.items()}
 
     def _key(self, entry: Entry) -> str:
         if entry.custom:

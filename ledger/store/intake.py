@@ -1,10 +1,11 @@
 """The SQL of an enqueue written in short transactions (`ledger.intake` drives it).
 
-A chunk of validated rows is one JSON parameter used as a table (`dialect.json_rows`:
-PostgreSQL's `json_to_recordset`, SQLite's `json_each`) and goes in with one
-set-based `INSERT ... SELECT ... ON CONFLICT (idempotency_key) DO NOTHING`: one
-statement, one round trip, its parameter built before the transaction starts, so on
-SQLite the file's one write lock is held only while the database works.
+A chunk of validated rows (tuples in `ROW_COLUMNS` order, JSON columns as text, made
+before the transaction starts) goes in with one set-based insert that skips keys
+already there (`ON CONFLICT (idempotency_key) DO NOTHING`), by the dialect's fastest
+multi-row path (`Dialect.insert_rows`): PostgreSQL COPYs the chunk into a temporary
+staging table and inserts from it; SQLite, in-process, takes one multi-row VALUES.
+On SQLite the file's one write lock is held only while the database works.
 
 Keys the insert skipped were already there; inside the same transaction their stored
 body hashes are compared with the chunk's, and a different body aborts the chunk
@@ -13,59 +14,41 @@ body hashes are compared with the chunk's, and a different body aborts the chunk
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, Integer, String, bindparam, column, func, select, true
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.fingerprint import BODY_FIELDS, body_hash
 from ledger.models import Job, LlmRequest, RequestStatus
 from ledger.store.commit import transaction
-from ledger.store.dialect import Dialect, db_now, json_rows
+from ledger.store.dialect import Dialect
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
 jobs = Job.__table__  # type: ignore[attr-defined]
 
-# What a chunk's JSON carries per row (ledger.enqueue.to_row, plus fair_seq); the rest is the
-# columns' defaults and the database clock.
-STAGED_COLUMNS = (
-    column("idempotency_key", String()),
-    column("job_id", String()),
-    column("fair_seq", BigInteger()),
-    column("purpose", String()),
-    column("provider", String()),
-    column("model", String()),
-    column("endpoint", String()),
-    column("input", JSONB()),
-    column("params", JSONB()),
-    column("response_format", JSONB()),
-    column("batch_key", String()),
-    column("body_hash", String()),
-    column("delivery", String()),
-    column("priority", Integer()),
-    column("trace", JSONB()),
-    column("estimate_usd", Float()),
+# What a chunk's rows carry, in this order (from `ledger.enqueue.checked_row`, plus fair_seq);
+# the other columns take their defaults, and the timestamps the database clock.
+ROW_COLUMNS = (
+    "fair_seq",
+    "idempotency_key",
+    "job_id",
+    "purpose",
+    "provider",
+    "model",
+    "endpoint",
+    "input",
+    "params",
+    "response_format",
+    "batch_key",
+    "body_hash",
+    "delivery",
+    "priority",
+    "trace",
+    "estimate_usd",
 )
-COLUMN_NAMES = tuple(c.name for c in STAGED_COLUMNS)
-_STAGED = json_rows("staged", "b_rows", *STAGED_COLUMNS)
-_CLOCK = ("created_at", "updated_at", "next_attempt_at")
-
-
-def _insert_chunk(dialect: str) -> Any:
-    """`WHERE true`: SQLite's parser needs it between `INSERT ... SELECT` and `ON CONFLICT`."""
-    picked = select(*[_STAGED.c[name] for name in COLUMN_NAMES], db_now(), db_now(), db_now()).where(true())
-    return (
-        Dialect(dialect)
-        .insert_ignore(requests, ["idempotency_key"])
-        .from_select([*COLUMN_NAMES, *_CLOCK], picked)
-        .returning(requests.c.id, requests.c.idempotency_key)
-    )
-
-
-_INSERT_CHUNK = {name: _insert_chunk(name) for name in ("postgresql", "sqlite")}
 _KNOWN = select(requests.c.id, requests.c.idempotency_key, requests.c.body_hash).where(
     requests.c.idempotency_key.in_(bindparam("b_keys", expanding=True))
 )
@@ -130,20 +113,17 @@ class IntakeQueries:
                 seqs[job_id] = int(top) + 1
         return seqs
 
-    def insert_chunk(self, rows_json: str, hashes: dict[str, str], job_ids: set[str]) -> ChunkWritten:
+    def insert_chunk(self, rows: list[tuple[Any, ...]], hashes: dict[str, str], job_ids: set[str]) -> ChunkWritten:
         """One transaction: the chunk's jobs (if new), its rows (keys already there skipped), and
         for each skipped key the check that its stored body is the same (else `KeyConflict`).
 
-        `rows_json` is the chunk as a JSON array of objects with `COLUMN_NAMES`; `hashes` maps
-        each of its keys (unique within the chunk) to its body hash.
+        `rows` are tuples in `ROW_COLUMNS` order; `hashes` maps each of their keys (unique
+        within the chunk) to its body hash.
         """
-        stmt = _INSERT_CHUNK[self.dialect.name]
         with transaction(self.engine, self.dialect) as conn:
             for job_id in sorted(job_ids):
                 conn.execute(self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"})
-            result = self.dialect.execute(conn, stmt, {"b_rows": rows_json})
-            returned: Sequence[Any] = result.all()
-            new = [(int(row[0]), str(row[1])) for row in returned]
+            new = self.dialect.insert_rows(conn, requests, ROW_COLUMNS, rows, key="idempotency_key")
             added = {key for _, key in new}
             skipped = [key for key in hashes if key not in added]
             if skipped:
