@@ -6,7 +6,6 @@ from __future__ import annotations
 import codecs
 import json
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -49,7 +48,7 @@ def cli_enqueue(db_url: str, path: Path, **env: str) -> subprocess.CompletedProc
 
     return subprocess.run(
         [*LEDGER, "enqueue", str(path), "--provider", "mock"],
-        env=ledger_env(db_url, LEDGER_LOG_LEVEL="WARNING", **env),
+        env=ledger_env(db_url, None, LEDGER_LOG_LEVEL="WARNING", **env),
         capture_output=True,
         text=True,
         timeout=120,
@@ -80,18 +79,42 @@ BAD_LINES: dict[str, tuple[object, str]] = {
     "not an object": ([1, 2, 3], "bad.jsonl:3: line is not a JSON object"),
     "invalid json": (b'{"custom_id": ', "bad.jsonl:3: invalid JSON (Expecting value at column 15)"),
     "nested too deeply": (NESTED, "bad.jsonl:3: invalid JSON (nested too deeply)"),
-    "custom_id reused, other body": (line(1, max_tokens=65), "bad.jsonl:3: custom_id 'req-1' was already used with a different body (line 1)"),
-    "oversized line": (line(9, messages=[{"role": "user", "content": "x" * 5000}]), "bad.jsonl:3: line is longer than 4096 bytes (LEDGER_MAX_LINE_BYTES)"),
-    "max_tokens zero": (line(9, max_tokens=0), "bad.jsonl:3: params.max_tokens: must be an integer in 1..1000000, got 0"),
-    "max_tokens absurd": (line(9, max_tokens=10**9), "bad.jsonl:3: params.max_tokens: must be an integer in 1..1000000, got 1000000000"),
+    "custom_id reused, other body": (
+        line(1, max_tokens=65),
+        "bad.jsonl:3: custom_id 'req-1' was already used with a different body (line 1)",
+    ),
+    "oversized line": (
+        line(9, messages=[{"role": "user", "content": "x" * 5000}]),
+        "bad.jsonl:3: line is longer than 4096 bytes (LEDGER_MAX_LINE_BYTES)",
+    ),
+    "max_tokens zero": (
+        line(9, max_tokens=0),
+        "bad.jsonl:3: params.max_tokens: must be an integer in 1..1000000, got 0",
+    ),
+    "max_tokens absurd": (
+        line(9, max_tokens=10**9),
+        "bad.jsonl:3: params.max_tokens: must be an integer in 1..1000000, got 1000000000",
+    ),
     "temperature": (line(9, temperature=7), "bad.jsonl:3: params.temperature: must be a number in 0..2, got 7"),
     "top_p text": (line(9, top_p="high"), "bad.jsonl:3: params.top_p: must be a number in 0..1, got 'high'"),
     "n": (line(9, n=4), "bad.jsonl:3: params.n: only 1 is supported"),
-    "NaN": (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "metadata": {"w": NaN}}', "bad.jsonl:3: trace: holds NaN or an infinite number (not JSON)"),
-    "NUL": (line(9, messages=[{"role": "user", "content": "a\x00b"}]), "bad.jsonl:3: input: holds a NUL character (\\u0000), which PostgreSQL cannot store"),
-    "unpaired surrogate": (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}', "bad.jsonl:3: input: holds an unpaired surrogate ('\\ud800'), not UTF-8"),
-    "custom_id too long": ({**line(9), "custom_id": "k" * 201}, "bad.jsonl:3: custom_id must be 1 to 200 characters, got 201"),
-}  # fmt: skip
+    "NaN": (
+        b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "metadata": {"w": NaN}}',
+        "bad.jsonl:3: trace: holds NaN or an infinite number (not JSON)",
+    ),
+    "NUL": (
+        line(9, messages=[{"role": "user", "content": "a\x00b"}]),
+        "bad.jsonl:3: input: holds a NUL character (\\u0000), which PostgreSQL cannot store",
+    ),
+    "unpaired surrogate": (
+        b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        "bad.jsonl:3: input: holds an unpaired surrogate ('\\ud800'), not UTF-8",
+    ),
+    "custom_id too long": (
+        {**line(9), "custom_id": "k" * 201},
+        "bad.jsonl:3: custom_id must be 1 to 200 characters, got 201",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(BAD_LINES))
@@ -143,7 +166,8 @@ def test_a_conflict_past_the_first_chunk_still_writes_nothing(db_url: str, tmp_p
     lines[5999] = line(5999, temperature=1)
     assert_refused(
         cli_enqueue(db_url, write(tmp_path / "big.jsonl", lines)),
-        "big.jsonl:6000: custom_id 'req-5999' is already in the ledger (request 1) with a different body (params differs)",
+        "big.jsonl:6000: custom_id 'req-5999' is already in the ledger (request 1)"
+        " with a different body (params differs)",
     )
     assert request_count(db_url) == 1
 
@@ -172,7 +196,8 @@ def test_rows_from_before_the_body_hash_are_compared_by_their_fields(db_url: str
     assert done.returncode == 0 and "1 already queued" in done.stdout, done.stderr
     assert_refused(
         cli_enqueue(db_url, write(tmp_path / "other.jsonl", [line(1, model="gpt-4o")])),
-        "other.jsonl:1: custom_id 'req-1' is already in the ledger (request 1) with a different body (model, endpoint differ)",
+        "other.jsonl:1: custom_id 'req-1' is already in the ledger (request 1)"
+        " with a different body (model, endpoint differ)",
     )
 
 
@@ -206,10 +231,19 @@ API_BAD: dict[str, tuple[Callable[[], Any], str]] = {
     "params": (lambda: spec(params={"temperature": 5}), "params.temperature: must be a number in 0..2, got 5"),
     "n": (lambda: spec(params={"n": 2}), "params.n: only 1 is supported"),
     "priority": (lambda: spec(priority=2**40), "priority: Input should be less than or equal to 2147483647"),
-    "key length": (lambda: spec(idempotency_key="k" * 201), "idempotency_key: String should have at most 200 characters"),
-    "no user message": (lambda: RequestSpec(model="m", messages=[{"role": "system", "content": "s"}]), "messages: needs at least one user message"),
-    "assignment": (lambda: setattr(spec(), "params", {"max_tokens": -1}), "params.max_tokens: must be an integer in 1..1000000, got -1"),
-}  # fmt: skip
+    "key length": (
+        lambda: spec(idempotency_key="k" * 201),
+        "idempotency_key: String should have at most 200 characters",
+    ),
+    "no user message": (
+        lambda: RequestSpec(model="m", messages=[{"role": "system", "content": "s"}]),
+        "messages: needs at least one user message",
+    ),
+    "assignment": (
+        lambda: setattr(spec(), "params", {"max_tokens": -1}),
+        "params.max_tokens: must be an integer in 1..1000000, got -1",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(API_BAD))
@@ -222,11 +256,17 @@ def test_a_bad_spec_raises_one_line(case: str) -> None:
 
 API_BAD_BATCH: dict[str, tuple[RequestSpec, str]] = {
     "NaN": (spec(trace={"w": float("nan")}), "requests[2]: trace: holds NaN or an infinite number (not JSON)"),
-    "not JSON": (spec(trace={"at": datetime(2026, 1, 1)}), "requests[2]: trace: not JSON (Object of type datetime is not JSON serializable)"),
+    "not JSON": (
+        spec(trace={"at": datetime(2026, 1, 1)}),
+        "requests[2]: trace: not JSON (Object of type datetime is not JSON serializable)",
+    ),
     "NUL": (spec("a\x00b"), "requests[2]: input: holds a NUL character"),
     "too big": (spec("x" * 5000), "requests[2]: request is "),
-    "key reused": (spec("other", idempotency_key="k0"), "requests[2]: idempotency_key 'k0' was already used with a different body (requests[0])"),
-}  # fmt: skip
+    "key reused": (
+        spec("other", idempotency_key="k0"),
+        "requests[2]: idempotency_key 'k0' was already used with a different body (requests[0])",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(API_BAD_BATCH))
