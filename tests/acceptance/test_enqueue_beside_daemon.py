@@ -94,7 +94,8 @@ def test_a_300k_line_enqueue_beside_a_busy_daemon_cuts_no_call(tmp_path: Path) -
     assert "locked" not in log_text and "Traceback" not in log_text, log_text[-3000:]
     store = Store(url)
     with store.engine.connect() as conn:
-        outcomes = dict(conn.execute(text("SELECT outcome, count(*) FROM llm_attempts GROUP BY outcome")).all())
+        by_outcome = conn.execute(text("SELECT outcome, count(*) FROM llm_attempts GROUP BY outcome")).all()
+        outcomes = {str(outcome): int(count) for outcome, count in by_outcome}
         bulk_rows = conn.execute(text("SELECT count(*) FROM llm_requests WHERE job_id = 'bulk'")).scalar_one()
     counts = store.status_counts()
     store.close()
