@@ -84,12 +84,12 @@ class Settings(BaseSettings):
     provider_batch_max_bytes: int | None = Field(default=None, alias="LEDGER_PROVIDER_BATCH_MAX_BYTES", ge=1024)
     batch_poll_interval: float = Field(default=30.0, alias="LEDGER_BATCH_POLL_INTERVAL", gt=0)
     prices_file: str | None = Field(default=None, alias="LEDGER_PRICES_FILE")
-    job_capacity: int = Field(default=4, alias="LEDGER_JOB_CAPACITY", ge=1)
-    daily_budget_usd: float | None = Field(default=None, alias="LEDGER_DAILY_BUDGET_USD", ge=0)
-    log_level: str = Field(default="INFO", alias="LEDGER_LOG_LEVEL")
     # One JSONL line (or one request from Python, as stored) at most this big: a file with
     # no newline, or a runaway prompt, is refused with one line instead of filling memory.
     max_line_bytes: int = Field(default=8 * 2**20, alias="LEDGER_MAX_LINE_BYTES", ge=1024, le=2**30)
+    job_capacity: int = Field(default=4, alias="LEDGER_JOB_CAPACITY", ge=1)
+    daily_budget_usd: float | None = Field(default=None, alias="LEDGER_DAILY_BUDGET_USD", ge=0)
+    log_level: str = Field(default="INFO", alias="LEDGER_LOG_LEVEL")
 
     # Provider SDK conventions; read here only to hand them to the adapters.
     openai_api_key: str | None = Field(default=None, alias="OPENAI_API_KEY", repr=False)
