@@ -42,16 +42,32 @@ class Ledger:
         self.close()
 
     def enqueue(self, spec: RequestSpec | None = None, /, **fields: Any) -> int:
-        """Queue one request; returns its id (the existing one if the key was seen before)."""
+        """Queue one request; returns its id (the existing one if the key was seen before).
+
+        Raises `EnqueueError` (one line) for a bad request, or for a key already in the
+        ledger with a different body; nothing is written then.
+        """
+        from ledger.intake import enqueue_specs
+
         spec = spec or build_spec(**fields)
+        result = enqueue_specs(self.store, self.settings, [spec], single=True)
+        announce(result)
+        if result.inserted_rows:
+            return int(result.inserted_rows[0]["id"])
         row = to_row(spec, self.settings.compatible_base_url, self.settings.prices)
-        self.enqueue_many([spec])
         return self.store.id_for_key(row["idempotency_key"])
 
     def enqueue_many(self, specs: Iterable[RequestSpec]) -> EnqueueResult:
-        """Queue many requests in one all-or-nothing transaction, idempotently."""
-        base_url = self.settings.compatible_base_url
-        result = self.store.enqueue(to_row(spec, base_url, self.settings.prices) for spec in specs)
+        """Queue many requests, idempotently: all are checked before any is written.
+
+        A bad request, or a key used twice (in the batch, or against the ledger) with
+        different bodies, raises `EnqueueError` naming `requests[i]`, with nothing
+        written. A batch larger than one transaction (`Dialect.enqueue_pacing`) is
+        written in several; run again after a crash half-way, it adds only the rest.
+        """
+        from ledger.intake import enqueue_specs
+
+        result = enqueue_specs(self.store, self.settings, specs)
         announce(result)
         return result
 

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from ledger.cli_jobs import register_job_commands
 from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
-from ledger.enqueue import Defaults, read_jsonl, to_row
+from ledger.enqueue import Defaults
 from ledger.models import Delivery, RequestStatus
 from ledger.settings import Settings
 
@@ -66,16 +66,20 @@ def enqueue(
     job: Annotated[str | None, typer.Option(help="Job id the requests belong to.")] = None,
     priority: Annotated[int | None, typer.Option(help="Higher runs sooner (default 0).")] = None,
 ) -> None:
-    """Queue every line of FILE, all or nothing; lines seen before (same custom_id) are skipped."""
+    """Queue every line of FILE; lines seen before (same custom_id, same body) are skipped.
+
+    The whole file is checked before anything is written: a bad line, or a custom_id used
+    with a different body (in the file or in the ledger), exits 2 naming FILE:LINE.
+    """
     from ledger.api import announce
+    from ledger.intake import enqueue_file
 
     settings = settings_or_exit()
     configure_logs(settings)
     store = open_store(settings)
     defaults = Defaults(provider=provider, model=model, delivery=delivery, job_id=job, priority=priority)
-    with operator_errors(), file.open(encoding="utf-8") as lines:
-        rows = (to_row(spec, settings.compatible_base_url, settings.prices) for _, spec in read_jsonl(lines, defaults))
-        result = store.enqueue(rows)
+    with operator_errors():
+        result = enqueue_file(store, settings, file, defaults)
     announce(result)
     dup = f", {result.duplicates} already queued (skipped)" if result.duplicates else ""
     out.print(f"enqueued {result.inserted} request(s){dup}; {result.queue_depth} queued in total")

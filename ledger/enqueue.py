@@ -6,27 +6,46 @@ text, messages, params, response format. Adapters translate at call time, so a
 file prepared for one provider can be replayed on another.
 
 The idempotency key is the caller's `custom_id` or, when absent, a hash of the
-request's content: enqueuing the same file twice adds nothing.
+request's content: enqueuing the same file twice adds nothing. The same key with a
+different body is a conflict (ledger/fingerprint.py), never a silent skip.
+
+Everything a request can get wrong is found here, before anything is written, and
+named in one line: a file's bytes (not UTF-8, a line over LEDGER_MAX_LINE_BYTES), a
+line's JSON (not an object, too deeply nested), the request (unknown provider, no
+user message, absurd params: ledger/params.py), and values the databases cannot
+store (NaN, NUL characters, unpaired surrogates, strings over a column's length).
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from adapters.registry import PROVIDER_NAMES
+from ledger.fingerprint import body_hash, canonical, json_texts
 from ledger.models import Delivery
+from ledger.params import params_problem
 from ledger.pools import endpoint_for, normalize_endpoint
 from ledger.prices import PriceTable
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Body keys that are not sampling parameters.
 _NOT_PARAMS = {"model", "messages", "system", "response_format", "metadata", "stream", "stream_options"}
+# Column lengths (ledger/models.py): PostgreSQL refuses a longer value half-way through an insert.
+KEY_MAX_CHARS = 200
+DEFAULT_MAX_LINE_BYTES = 8 * 2**20
+_INT32 = 2**31 - 1
+# A NUL character as JSON writes it: `\u0000` after an even number of backslashes (an odd
+# number is a literal backslash followed by the text "u0000").
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 class EnqueueError(ValueError):
@@ -34,23 +53,39 @@ class EnqueueError(ValueError):
 
 
 class RequestSpec(BaseModel):
-    """What a stage asks for. Everything but `model` and `messages` has a default."""
+    """What a stage asks for. Everything but `model` and `messages` has a default.
 
-    model_config = ConfigDict(extra="forbid")
+    A bad field raises `EnqueueError` (a ValueError) with a one-line message, not
+    pydantic's multi-line report.
+    """
 
-    model: str = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    model: str = Field(min_length=1, max_length=200)
     messages: list[dict[str, Any]] = Field(min_length=1)
     system: str | None = None
     provider: str = "openai"
     params: dict[str, Any] = Field(default_factory=dict)
     response_format: dict[str, Any] | None = None
     delivery: Delivery = Delivery.ONLINE
-    priority: int = 0
-    job_id: str | None = None
-    purpose: str | None = None
-    idempotency_key: str | None = None
-    endpoint: str | None = None
+    priority: int = Field(default=0, ge=-_INT32, le=_INT32)
+    job_id: str | None = Field(default=None, min_length=1, max_length=200)
+    purpose: str | None = Field(default=None, max_length=100)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=KEY_MAX_CHARS)
+    endpoint: str | None = Field(default=None, max_length=300)
     trace: dict[str, Any] | None = None
+
+    def __init__(self, **fields: Any) -> None:
+        try:
+            super().__init__(**fields)
+        except ValidationError as exc:
+            raise EnqueueError(_one_line(exc)) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise EnqueueError(_one_line(exc)) from None
 
     @field_validator("provider")
     @classmethod
@@ -71,6 +106,14 @@ class RequestSpec(BaseModel):
                 raise ValueError(f"messages[{i}].content must be a string or a list of content parts")
         if all(message["role"] in ("system", "developer") for message in value):
             raise ValueError("messages: needs at least one user message besides the system prompt")
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _sane_params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = params_problem(value)
+        if problem is not None:
+            raise ValueError(f"params.{problem[0]}: {problem[1]}")
         return value
 
     @field_validator("endpoint")
@@ -104,6 +147,21 @@ def to_row(
     With a price table, the request's worst-case cost is fixed here (`estimate_usd`):
     budgets reserve it when the request is claimed.
     """
+    return checked_row(spec, compatible_base_url, prices)[0]
+
+
+def checked_row(
+    spec: RequestSpec,
+    compatible_base_url: str | None = None,
+    prices: PriceTable | None = None,
+    max_bytes: int = DEFAULT_MAX_LINE_BYTES,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """`to_row`, and its JSON columns as the text an enqueue sends (`fingerprint.json_texts`).
+
+    `EnqueueError` for a value the databases cannot store the same way (checked for both,
+    so SQLite never keeps a request PostgreSQL would refuse: NaN, a NUL character, an
+    unpaired surrogate, an object JSON has no form for) or a request over `max_bytes`.
+    """
     system_parts = [spec.system] if spec.system else []
     messages: list[dict[str, Any]] = []
     for message in spec.messages:
@@ -126,13 +184,49 @@ def to_row(
         "priority": spec.priority,
         "trace": spec.trace,
     }
-    row["idempotency_key"] = spec.idempotency_key or content_key(row)
-    row["batch_key"] = batch_key(row)
-    if prices is not None:
-        prompt_bytes = len(json.dumps(input_, ensure_ascii=False).encode())
-        batch = spec.delivery is Delivery.BATCH
-        row["estimate_usd"] = prices.worst_case(spec.provider, spec.model, prompt_bytes, spec.params, batch=batch)
-    return row
+    try:
+        texts = json_texts(row)
+        size = sum(len(text.encode("utf-8")) for text in texts.values())
+        row["idempotency_key"] = spec.idempotency_key or content_key(row)
+        row["batch_key"] = batch_key(row)
+        row["body_hash"] = body_hash(row, texts)
+        if prices is not None:
+            prompt_bytes = len(json.dumps(input_, ensure_ascii=False).encode())
+            batch = spec.delivery is Delivery.BATCH
+            row["estimate_usd"] = prices.worst_case(spec.provider, spec.model, prompt_bytes, spec.params, batch=batch)
+    except (TypeError, ValueError):  # a value JSON or UTF-8 cannot hold (NaN, a datetime, a lone surrogate)
+        raise EnqueueError(_unstorable(row)) from None
+    if any("\\u0000" in text and _NUL.search(text) for text in texts.values()):  # substring first: fast
+        raise EnqueueError(_unstorable(row))
+    try:
+        for value in row.values():  # the plain text columns: NUL and lone surrogates there too
+            if isinstance(value, str):
+                value.encode("utf-8")  # a lone surrogate raises
+                if "\x00" in value:
+                    raise EnqueueError(_unstorable(row))
+    except UnicodeEncodeError:
+        raise EnqueueError(_unstorable(row)) from None
+    if size > max_bytes:
+        raise EnqueueError(f"request is {size} bytes as stored, over the limit of {max_bytes} (LEDGER_MAX_LINE_BYTES)")
+    return row, texts
+
+
+def _unstorable(row: dict[str, Any]) -> str:
+    """Which field holds a value JSON or the databases cannot store, and what it is."""
+    for field, value in row.items():
+        try:
+            text = canonical(value)
+        except TypeError as exc:
+            return f"{field}: not JSON ({exc})"
+        except ValueError:
+            return f"{field}: holds NaN or an infinite number (not JSON)"
+        if _NUL.search(text):
+            return f"{field}: holds a NUL character (\\u0000), which PostgreSQL cannot store"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{field}: holds an unpaired surrogate ({exc.object[exc.start]!a}), not UTF-8"
+    return "not storable as JSON"
 
 
 def batch_key(row: dict[str, Any]) -> str:
@@ -157,6 +251,10 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
     if not isinstance(obj, dict):
         raise EnqueueError("line is not a JSON object")
     custom_id = obj.get("custom_id")
+    if custom_id is not None and not isinstance(custom_id, str | int):
+        raise EnqueueError(f"custom_id must be a string, got {type(custom_id).__name__}")
+    if custom_id is not None and not 1 <= len(str(custom_id)) <= KEY_MAX_CHARS:
+        raise EnqueueError(f"custom_id must be 1 to {KEY_MAX_CHARS} characters, got {len(str(custom_id))}")
     provider = None
     if "body" in obj:  # OpenAI Batch input line
         body = obj["body"]
@@ -196,27 +294,76 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
 
 def build_spec(**fields: Any) -> RequestSpec:
     """A validated spec, or an `EnqueueError` whose message is one line."""
-    try:
-        return RequestSpec(**fields)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(part) for part in err["loc"])
-        message = str(err.get("ctx", {}).get("error") or err["msg"])
-        if not where or message.startswith(where):
-            raise EnqueueError(message) from None
-        raise EnqueueError(f"{where}: {message}") from None
+    return RequestSpec(**fields)
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(part) for part in err["loc"])
+    message = str(err.get("ctx", {}).get("error") or err["msg"])
+    if not where or message.startswith(where):
+        return message
+    return f"{where}: {message}"
 
 
 def read_jsonl(lines: Iterable[str], defaults: Defaults) -> Iterator[tuple[int, RequestSpec]]:
     """Yield (line number, spec) lazily; raise `EnqueueError` naming the first bad line."""
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise EnqueueError(f"line {number}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-        try:
-            yield number, spec_from_line(obj, defaults)
+            spec = _spec_of(line, defaults)
         except EnqueueError as exc:
             raise EnqueueError(f"line {number}: {exc}") from None
+        if spec is not None:
+            yield number, spec
+
+
+def read_jsonl_file(
+    path: Path, defaults: Defaults, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> Iterator[tuple[int, RequestSpec]]:
+    """Yield (line number, spec) from a file, streaming; raise `EnqueueError` as `FILE:LINE: problem`.
+
+    The file is read as bytes, one line at a time and never more than `max_line_bytes` of
+    it (a file with no newline at all cannot fill memory). A UTF-8 byte-order mark at the
+    start is dropped; any other byte sequence that is not UTF-8 is named, with its column.
+    """
+    source = str(path)
+    with path.open("rb") as f:
+        number = 0
+        while raw := f.readline(max_line_bytes + 2):  # room for the line's own CR LF
+            number += 1
+            try:
+                if number == 1:
+                    raw = _without_bom(raw)
+                body = raw.rstrip(b"\r\n")
+                if len(body) > max_line_bytes:
+                    raise EnqueueError(f"line is longer than {max_line_bytes} bytes (LEDGER_MAX_LINE_BYTES)")
+                try:
+                    line = body.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise EnqueueError(f"not UTF-8 (byte 0x{body[exc.start]:02x} at column {exc.start + 1})") from None
+                spec = _spec_of(line, defaults)
+            except EnqueueError as exc:
+                raise EnqueueError(f"{source}:{number}: {exc}") from None
+            if spec is not None:
+                yield number, spec
+
+
+def _without_bom(raw: bytes) -> bytes:
+    if raw.startswith(codecs.BOM_UTF8):
+        return raw[len(codecs.BOM_UTF8) :]
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise EnqueueError("not UTF-8 (the file starts with a UTF-16 byte-order mark; save it as UTF-8)")
+    return raw
+
+
+def _spec_of(line: str, defaults: Defaults) -> RequestSpec | None:
+    """One line's spec (None for a blank line)."""
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise EnqueueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise EnqueueError("invalid JSON (nested too deeply)") from None
+    return spec_from_line(obj, defaults)

@@ -218,6 +218,9 @@ class LlmRequest(SQLModel, table=True):
     response_format: dict[str, Any] | None = _json()
     # Hash of params + response format: provider batches group requests that share it.
     batch_key: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    # SHA-256 of the request's body (ledger/fingerprint.py): a key reused with another body is a
+    # conflict, not a repeat. NULL on rows enqueued before migration 0005.
+    body_hash: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
     delivery: str = Field(
         default=Delivery.ONLINE.value, sa_column=Column(String(10), nullable=False, server_default="online")
     )

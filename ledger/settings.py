@@ -53,7 +53,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(
         env_file=".env",
-        env_file_encoding="utf-8",
+        env_file_encoding="utf-8-sig",  # a byte-order mark at the start is not part of the first name
         extra="ignore",
         case_sensitive=False,
         populate_by_name=True,
@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     provider_batch_max_bytes: int | None = Field(default=None, alias="LEDGER_PROVIDER_BATCH_MAX_BYTES", ge=1024)
     batch_poll_interval: float = Field(default=30.0, alias="LEDGER_BATCH_POLL_INTERVAL", gt=0)
     prices_file: str | None = Field(default=None, alias="LEDGER_PRICES_FILE")
+    # One JSONL line (or one request from Python, as stored) at most this big: a file with
+    # no newline, or a runaway prompt, is refused with one line instead of filling memory.
+    max_line_bytes: int = Field(default=8 * 2**20, alias="LEDGER_MAX_LINE_BYTES", ge=1024, le=2**30)
     job_capacity: int = Field(default=4, alias="LEDGER_JOB_CAPACITY", ge=1)
     daily_budget_usd: float | None = Field(default=None, alias="LEDGER_DAILY_BUDGET_USD", ge=0)
     log_level: str = Field(default="INFO", alias="LEDGER_LOG_LEVEL")
@@ -156,6 +159,8 @@ def load_settings(**overrides: Any) -> Settings:
     """
     try:
         return Settings(**overrides)
+    except UnicodeDecodeError as exc:  # the .env file
+        raise SettingsError(f"{_env_file(overrides)}:{not_utf8(exc)}") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "settings"
@@ -166,6 +171,19 @@ def load_settings(**overrides: Any) -> Settings:
         if not message.startswith(name):
             message = f"{name}: {message} (got {first.get('input')!r})"
         raise SettingsError(message) from None
+
+
+def _env_file(overrides: dict[str, Any]) -> str:
+    found = overrides.get("_env_file", Settings.model_config.get("env_file"))
+    return str(found[0] if isinstance(found, list | tuple) else found)
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """`LINE: not UTF-8 (byte 0xff at column 5)` for the first bad byte of a decoded text."""
+    data = bytes(exc.object)
+    line_start = data.rfind(b"\n", 0, exc.start) + 1
+    line = data.count(b"\n", 0, exc.start) + 1
+    return f"{line}: not UTF-8 (byte 0x{data[exc.start]:02x} at column {exc.start - line_start + 1})"
 
 
 def _env_name(field: str) -> str:

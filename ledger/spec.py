@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from adapters.registry import PROVIDER_NAMES
+from ledger.params import params_problem
 
 _T = TypeVar("_T")
 
@@ -249,7 +250,7 @@ def _agent(table: _Table) -> AgentSpec:
 
 
 def _params(agent: _Table) -> dict[str, Any]:
-    """Model parameters pass through to the provider; the two everyone sets are checked here, not at call time."""
+    """Model parameters pass through to the provider; those the providers share are checked here, not at call time."""
     raw = agent.get("params")
     if raw is None:
         return {}
@@ -261,12 +262,9 @@ def _params(agent: _Table) -> dict[str, Any]:
             # Dates and non-finite floats have no JSON form, and the spec is stored as JSON.
             raise agent.fail(f"params.{key}", f"expected a string, a finite number or a boolean, got {_show(value)}")
         params[str(key)] = value
-    tokens = params.get("max_tokens")
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
-        raise agent.fail("params.max_tokens", f"must be a positive integer, got {_show(tokens)}")
-    temperature = params.get("temperature")
-    if temperature is not None and (not _is_number(temperature) or not 0 <= temperature <= 2):
-        raise agent.fail("params.temperature", f"must be a number in 0..2, got {_show(temperature)}")
+    problem = params_problem(params)  # the same rules as every other way in (ledger/params.py)
+    if problem is not None:
+        raise agent.fail(f"params.{problem[0]}", problem[1])
     return params
 
 

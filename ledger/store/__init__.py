@@ -8,6 +8,7 @@ from ledger.store.audit import AuditQueries
 from ledger.store.batch_results import BatchResultQueries
 from ledger.store.batches import BatchQueries
 from ledger.store.dialect import Dialect
+from ledger.store.intake import IntakeQueries
 from ledger.store.jobs import JobQueries
 from ledger.store.queue import EnqueueResult, QueueQueries
 from ledger.store.schema import DatabaseError, open_engine
@@ -15,7 +16,7 @@ from ledger.store.schema import DatabaseError, open_engine
 __all__ = ["DatabaseError", "EnqueueResult", "Store"]
 
 
-class Store(QueueQueries, BatchQueries, BatchResultQueries, JobQueries, AuditQueries):
+class Store(QueueQueries, IntakeQueries, BatchQueries, BatchResultQueries, JobQueries, AuditQueries):
     """Issues every query the ledger makes, on an engine whose schema is at head."""
 
     engine: Engine

@@ -16,8 +16,12 @@ constructs defined here:
   (PostgreSQL's `lock_timeout` / `statement_timeout`).
 - `unindexed(column)`: the column's value, which the planner may not search an index by.
 - `json_rows`: a chunk of rows passed as one JSON parameter and used as a table
-  (`UPDATE ... FROM`), so a chunk of thousands of rows is one set-based statement:
-  PostgreSQL's `json_to_recordset`, SQLite's `json_each`.
+  (`UPDATE ... FROM`, `INSERT ... SELECT`), so a chunk of thousands of rows is one
+  set-based statement: PostgreSQL's `json_to_recordset`, SQLite's `json_each`.
+- `Dialect.insert_rows()`: many rows in one set-based insert that skips existing keys:
+  PostgreSQL COPYs them into a temporary staging table and inserts from it, SQLite (in
+  process, no round trips to save) takes one multi-row VALUES.
+- `Dialect.enqueue_pacing()`: how a large enqueue shares the database with running daemons.
 """
 
 from __future__ import annotations
@@ -285,10 +289,79 @@ class Dialect:
             found = self._statements[key] = (str(compiled), names, defaults)
         return found
 
+    def insert_rows(
+        self,
+        conn: Connection,
+        table: Table,
+        columns: tuple[str, ...],
+        rows: list[tuple[Any, ...]],
+        *,
+        key: str,
+        clock: tuple[str, ...] = ("created_at", "updated_at", "next_attempt_at"),
+    ) -> list[tuple[int, str]]:
+        """INSERT `rows` (tuples in `columns` order, JSON columns as JSON text) with the `clock`
+        columns set to the database's now, skipping rows whose `key` exists; returns (id, key)
+        of each row inserted. One statement per chunk, not one per row."""
+        if not rows:
+            return []
+        now = str(db_now().compile(dialect=conn.dialect))
+        into = f"INSERT INTO {table.name} ({', '.join([*columns, *clock])})"
+        skip = f"ON CONFLICT ({key}) DO NOTHING RETURNING id, {key}"
+        if self.name == "postgresql":
+            stage = f"ledger_stage_{table.name}"
+            picked = f"SELECT {', '.join([*columns, *[now] * len(clock)])} FROM {stage} ORDER BY ord"
+            return _copy_then_insert(conn, table, stage, columns, rows, f"{into} {picked} {skip}")
+        per_statement = max(1, _sqlite_max_variables(conn) // len(columns))
+        group = "(" + ", ".join(["?"] * len(columns) + [now] * len(clock)) + ")"
+        new: list[tuple[int, str]] = []
+        for i in range(0, len(rows), per_statement):
+            part = rows[i : i + per_statement]
+            sql = f"{into} VALUES {', '.join([group] * len(part))} {skip}"
+            flat = tuple(value for row in part for value in row)
+            new.extend((int(r[0]), str(r[1])) for r in conn.exec_driver_sql(sql, flat).all())
+        return new
+
+    def enqueue_pacing(self) -> tuple[int, float]:
+        """Rows per transaction of an enqueue, and the share of its time it may spend inside them.
+
+        SQLite has one write lock per file: a daemon's claim or record waits while an enqueue
+        holds it. Short chunks bound that wait, and a pause after each (as long as the chunk
+        took: half the time) lets a waiting daemon in; without it SQLite's busy handler, which
+        polls ever less often, could lose the lock to the next chunk again and again.
+        PostgreSQL locks rows, not the database: bigger chunks, no pause.
+        """
+        if self.name == "postgresql":
+            return 5000, 1.0
+        return 1000, 0.5
+
     def for_update(self, stmt: Select[Any]) -> Select[Any]:
         if self.name == "postgresql":
             return stmt.with_for_update(skip_locked=True)
         return stmt
+
+
+def _copy_then_insert(
+    conn: Connection, table: Table, stage: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], insert: str
+) -> list[tuple[int, str]]:
+    """PostgreSQL: COPY `rows` into a temporary table (this session's, emptied at commit), then
+    run `insert`, which selects from it in input order."""
+    types = ", ".join(f"{c} {table.c[c].type.compile(dialect=conn.dialect)}" for c in columns)
+    conn.exec_driver_sql(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (ord integer, {types}) ON COMMIT DELETE ROWS")
+    raw: Any = conn.connection.driver_connection
+    with raw.cursor() as cur:
+        with cur.copy(f"COPY {stage} (ord, {', '.join(columns)}) FROM STDIN") as copy:
+            for ord_, row in enumerate(rows):
+                copy.write_row((ord_, *row))
+        cur.execute(insert)
+        new = [(int(r[0]), str(r[1])) for r in cur.fetchall()]
+        cur.execute(f"DELETE FROM {stage}")  # a second chunk in the same transaction starts empty
+    return new
+
+
+def _sqlite_max_variables(conn: Connection) -> int:
+    """SQLite's limit on bound parameters per statement (999 before 3.32, 32766 since)."""
+    raw: Any = conn.connection.driver_connection
+    return int(raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -71,9 +71,9 @@ def test_enqueuing_the_same_file_twice_adds_nothing(db_url: str, tmp_path: Path)
 @pytest.mark.parametrize(
     ("bad", "reason"),
     [
-        ("{oops", "line 3: invalid JSON"),
-        ({"model": "gpt-4o-mini"}, "line 3: missing 'messages'"),
-        ("unknown-provider", "line 3: provider: unknown provider 'nope'"),
+        ("{oops", "bad.jsonl:3: invalid JSON"),
+        ({"model": "gpt-4o-mini"}, "bad.jsonl:3: missing 'messages'"),
+        ("unknown-provider", "bad.jsonl:1: provider: unknown provider 'nope'"),
     ],
 )
 def test_a_bad_line_writes_nothing_and_exits_2(db_url: str, tmp_path: Path, bad: object, reason: str) -> None:
@@ -82,7 +82,6 @@ def test_a_bad_line_writes_nothing_and_exits_2(db_url: str, tmp_path: Path, bad:
         lines: list[object] = [bare_line(1), bare_line(2), {"custom_id": "z", "body": bad}]
         path = write_jsonl(tmp_path / "bad.jsonl", lines)
         code, output = enqueue(db_url, path, "--provider", "nope")
-        reason = "line 1: provider: unknown provider 'nope'"
     else:
         path = write_jsonl(tmp_path / "bad.jsonl", [bare_line(1), bare_line(2), bad, bare_line(4)])
         code, output = enqueue(db_url, path)
@@ -98,7 +97,7 @@ def test_large_batches_roll_back_whole(sqlite_url: str, tmp_path: Path) -> None:
     """The bad line comes after several insert batches were already sent: still nothing is kept."""
     lines: list[object] = [bare_line(i) for i in range(2500)] + ["not json"]
     code, output = enqueue(sqlite_url, write_jsonl(tmp_path / "big.jsonl", lines))
-    assert code == 2 and "line 2501: invalid JSON" in output
+    assert code == 2 and "big.jsonl:2501: invalid JSON" in output
     store = Store(sqlite_url)
     assert sum(store.status_counts().values()) == 0
     store.close()

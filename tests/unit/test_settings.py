@@ -73,3 +73,17 @@ def test_env_example_documents_every_setting_and_loads_as_the_defaults(tmp_path:
     assert missing == []
     (tmp_path / ".env").write_text(example)
     assert load_settings() == load_settings(_env_file=None)
+
+
+def test_a_dotenv_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    env = tmp_path / ".env"
+    env.write_bytes(b"RETRY_MAX_ATTEMPTS=4\nLEDGER_LOG_LEVEL=INFO # caf\xe9\n")
+    with pytest.raises(SettingsError) as caught:
+        load_settings(_env_file=env)
+    assert str(caught.value) == f"{env}:2: not UTF-8 (byte 0xe9 at column 28)"
+
+
+def test_a_dotenv_byte_order_mark_is_not_part_of_the_first_name(tmp_path: Path) -> None:
+    env = tmp_path / ".env"
+    env.write_bytes(b"\xef\xbb\xbfRETRY_MAX_ATTEMPTS=7\n")
+    assert load_settings(_env_file=env).retry_max_attempts == 7

@@ -196,22 +196,37 @@ ERRORS: list[tuple[str, str, str]] = [
     (
         "max_tokens zero",
         with_params("{ max_tokens = 0 }"),
-        "agents[0].params.max_tokens: must be a positive integer, got 0",
+        "agents[0].params.max_tokens: must be an integer in 1..1000000, got 0",
     ),
     (
         "max_tokens bool",
         with_params("{ max_tokens = true }"),
-        "agents[0].params.max_tokens: must be a positive integer, got true",
+        "agents[0].params.max_tokens: must be an integer in 1..1000000, got true",
     ),
     (
         "max_tokens float",
         with_params("{ max_tokens = 1.5 }"),
-        "agents[0].params.max_tokens: must be a positive integer, got 1.5",
+        "agents[0].params.max_tokens: must be an integer in 1..1000000, got 1.5",
     ),
     (
         "temperature high",
         with_params("{ temperature = 3 }"),
         "agents[0].params.temperature: must be a number in 0..2, got 3",
+    ),
+    (
+        "max_tokens absurd",
+        with_params("{ max_tokens = 10_000_000 }"),
+        "agents[0].params.max_tokens: must be an integer in 1..1000000, got 10000000",
+    ),
+    (
+        "top_p high",
+        with_params("{ top_p = 1.5 }"),
+        "agents[0].params.top_p: must be a number in 0..1, got 1.5",
+    ),
+    (
+        "n above one",
+        with_params("{ n = 3 }"),
+        "agents[0].params.n: only 1 is supported (one answer per request; enqueue n requests instead), got 3",
     ),
     (
         "temperature text",

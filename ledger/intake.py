@@ -1,0 +1,194 @@
+"""An enqueue from start to end: read and check everything, then write in short transactions.
+
+1. Every request is validated and staged (`store.staging`): a bad line, or a key
+   reused with a different body anywhere in the input, stops the enqueue before
+   the ledger is touched.
+2. An input larger than one transaction is checked against the ledger, key by key:
+   a key already there with a different body stops it too, still with nothing
+   written. Keys already there with the same body are repeats: nothing to write.
+3. The rest goes in with one set-based statement per chunk, each chunk its own
+   short transaction (`Dialect.enqueue_pacing`): on SQLite a running daemon waits
+   for the file's one write lock at most one chunk, never a whole file. The
+   enqueue is idempotent as a whole: run again after a crash half-way, it adds
+   only what is missing.
+
+A key taken with another body by a concurrent enqueue between steps 2 and 3 is found
+in the chunk's own transaction, which rolls back; chunks already committed stay (the
+message says how many requests that is), and running the enqueue again, once the
+input is fixed, skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ledger.enqueue import Defaults, EnqueueError, RequestSpec, checked_row, read_jsonl_file
+from ledger.fingerprint import JSON_FIELDS, differing_fields
+from ledger.settings import Settings
+from ledger.store import EnqueueResult, Store
+from ledger.store.intake import KEYS_PER_LOOKUP, ROW_COLUMNS, KeyConflict
+from ledger.store.queue import KEEP_INSERTED_MAX
+from ledger.store.staging import Entry, Staging
+
+# Entries validated between two looks into the staging database for repeated keys.
+_BLOCK = 1000
+
+
+@dataclass(frozen=True)
+class Positions:
+    """How messages name a place in the input: `requests.jsonl:7` and `line 3` for a file,
+    `requests[7]` for a Python batch, nothing for a single request."""
+
+    at: Callable[[int], str | None]
+    ref: Callable[[int], str]
+    key_name: str  # what the caller called the key: custom_id, idempotency_key
+
+
+def file_positions(source: str) -> Positions:
+    return Positions(lambda pos: f"{source}:{pos}", lambda pos: f"line {pos}", "custom_id")
+
+
+BATCH = Positions(lambda pos: f"requests[{pos}]", lambda pos: f"requests[{pos}]", "idempotency_key")
+SINGLE = Positions(lambda pos: None, lambda pos: f"requests[{pos}]", "idempotency_key")
+
+
+def enqueue_file(store: Store, settings: Settings, path: Path, defaults: Defaults) -> EnqueueResult:
+    """`ledger enqueue FILE`: the file's requests, all checked before any is written."""
+    specs = read_jsonl_file(path, defaults, settings.max_line_bytes)
+    return Intake(store, settings, file_positions(str(path))).run(specs)
+
+
+def enqueue_specs(
+    store: Store, settings: Settings, specs: Iterable[RequestSpec], *, single: bool = False
+) -> EnqueueResult:
+    """The Python API's batch (or one request): the same checks, messages naming `requests[i]`."""
+    return Intake(store, settings, SINGLE if single else BATCH).run(enumerate(specs))
+
+
+class Intake:
+    """One enqueue (see the module's docstring)."""
+
+    def __init__(self, store: Store, settings: Settings, positions: Positions) -> None:
+        self.store = store
+        self.settings = settings
+        self.positions = positions
+        self.prices = settings.prices
+        self.rows_per_chunk, self.duty = store.dialect.enqueue_pacing()
+        self.columns = ROW_COLUMNS[1:]  # fair_seq is numbered when written
+
+    def run(self, specs: Iterable[tuple[int, RequestSpec]]) -> EnqueueResult:
+        staging = Staging(self.columns)
+        try:
+            self._stage(staging, specs)
+            known = self._check_ledger(staging) if staging.count > self.rows_per_chunk else 0
+            return self._write(staging, staging.repeats + known)
+        finally:
+            staging.close()
+
+    def _stage(self, staging: Staging, specs: Iterable[tuple[int, RequestSpec]]) -> None:
+        block: list[Entry] = []
+        for pos, spec in specs:
+            block.append(self._entry(pos, spec))
+            if len(block) >= _BLOCK:
+                self._add(staging, block)
+                block = []
+        self._add(staging, block)
+
+    def _entry(self, pos: int, spec: RequestSpec) -> Entry:
+        try:
+            row, texts = checked_row(spec, self.settings.compatible_base_url, self.prices, self.settings.max_line_bytes)
+        except EnqueueError as exc:
+            raise EnqueueError(self._at(pos, str(exc))) from None
+        values = tuple(texts[c] if c in texts else row.get(c) for c in self.columns)
+        custom = spec.idempotency_key is not None
+        return Entry(pos, row["idempotency_key"], row["body_hash"], row["job_id"], custom, values)
+
+    def _add(self, staging: Staging, block: list[Entry]) -> None:
+        clash = staging.add(block)
+        if clash is not None:
+            entry, first = clash
+            raise EnqueueError(
+                self._at(
+                    entry.pos,
+                    f"{self._key(entry)} was already used with a different body ({self.positions.ref(first.pos)})",
+                )
+            )
+
+    def _check_ledger(self, staging: Staging) -> int:
+        """Step 2: keys the ledger holds with another body stop the enqueue; those it holds with
+        the same body are marked, not written. Returns how many were marked."""
+        marked = 0
+        for page in staging.pages(KEYS_PER_LOOKUP):
+            known = self.store.known_keys([e.key for e in page])
+            same = []
+            for entry in page:
+                found = known.get(entry.key)
+                if found is None:
+                    continue
+                if found.body_hash != entry.body_hash:
+                    raise EnqueueError(self._ledger_conflict(entry, found.request_id, written=0))
+                same.append(entry.pos)
+            staging.mark_known(same)
+            marked += len(same)
+        return marked
+
+    def _write(self, staging: Staging, duplicates: int) -> EnqueueResult:
+        """Step 3: chunk by chunk, each its own transaction."""
+        seqs = self.store.next_fair_seqs(staging.job_ids())
+        keep = staging.count <= KEEP_INSERTED_MAX  # report each new row (events), or counts only
+        inserted: list[dict[str, Any]] = []
+        added = 0
+        for chunk in staging.pages(self.rows_per_chunk, unknown_only=True):
+            rows = []
+            for entry in chunk:
+                rows.append((seqs[entry.job_id], *entry.values))
+                seqs[entry.job_id] += 1
+            jobs = {e.job_id for e in chunk if e.job_id is not None}
+            started = time.monotonic()
+            try:
+                written = self.store.insert_chunk(rows, {e.key: e.body_hash for e in chunk}, jobs)
+            except KeyConflict as exc:
+                entry = next(e for e in chunk if e.key == exc.key)
+                raise EnqueueError(self._ledger_conflict(entry, exc.request_id, written=added)) from None
+            added += len(written.inserted)
+            duplicates += written.repeats
+            if keep:
+                by_key = {e.key: e for e in chunk}
+                for request_id, key in written.inserted:
+                    inserted.append(
+                        {"id": request_id, "idempotency_key": key, "trace": self._row(by_key[key])["trace"]}
+                    )
+            if self.duty < 1:  # let a daemon waiting for the write lock in before the next chunk
+                time.sleep((time.monotonic() - started) * (1 - self.duty) / self.duty)
+        return EnqueueResult(added, duplicates, self.store.queue_depth(), inserted if keep else [])
+
+    def _ledger_conflict(self, entry: Entry, request_id: int, *, written: int) -> str:
+        ours = self._row(entry)
+        fields = differing_fields(ours, self.store.stored_body(request_id))
+        what = f" ({', '.join(fields)} differ{'s' if len(fields) == 1 else ''})" if fields else ""
+        message = f"{self._key(entry)} is already in the ledger (request {request_id}) with a different body{what}"
+        if written:
+            message += (
+                f"; {written} request(s) before it were added by this enqueue"
+                " (enqueuing the input again, once fixed, skips them)"
+            )
+        return self._at(entry.pos, message)
+
+    def _row(self, entry: Entry) -> dict[str, Any]:
+        """A staged row as a dict of values (JSON columns parsed)."""
+        row = dict(zip(self.columns, entry.values, strict=True))
+        return {c: json.loads(v) if c in JSON_FIELDS else v for c, v in row.items()}
+
+    def _key(self, entry: Entry) -> str:
+        if entry.custom:
+            return f"{self.positions.key_name} {entry.key!r}"
+        return f"this request (content key {entry.key})"
+
+    def _at(self, pos: int, message: str) -> str:
+        where = self.positions.at(pos)
+        return message if where is None else f"{where}: {message}"

@@ -1,0 +1,146 @@
+"""The SQL of an enqueue written in short transactions (`ledger.intake` drives it).
+
+A chunk of validated rows (tuples in `ROW_COLUMNS` order, JSON columns as text, made
+before the transaction starts) goes in with one set-based insert that skips keys
+already there (`ON CONFLICT (idempotency_key) DO NOTHING`), by the dialect's fastest
+multi-row path (`Dialect.insert_rows`): PostgreSQL COPYs the chunk into a temporary
+staging table and inserts from it; SQLite, in-process, takes one multi-row VALUES.
+On SQLite the file's one write lock is held only while the database works.
+
+Keys the insert skipped were already there; inside the same transaction their stored
+body hashes are compared with the chunk's, and a different body aborts the chunk
+(`KeyConflict`) with nothing of it written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, func, select
+from sqlalchemy.engine import Connection, Engine
+
+from ledger.fingerprint import BODY_FIELDS, body_hash
+from ledger.models import Job, LlmRequest, RequestStatus
+from ledger.store.commit import transaction
+from ledger.store.dialect import Dialect
+
+requests = LlmRequest.__table__  # type: ignore[attr-defined]
+jobs = Job.__table__  # type: ignore[attr-defined]
+
+# What a chunk's rows carry, in this order (from `ledger.enqueue.checked_row`, plus fair_seq);
+# the other columns take their defaults, and the timestamps the database clock.
+ROW_COLUMNS = (
+    "fair_seq",
+    "idempotency_key",
+    "job_id",
+    "purpose",
+    "provider",
+    "model",
+    "endpoint",
+    "input",
+    "params",
+    "response_format",
+    "batch_key",
+    "body_hash",
+    "delivery",
+    "priority",
+    "trace",
+    "estimate_usd",
+)
+_KNOWN = select(requests.c.id, requests.c.idempotency_key, requests.c.body_hash).where(
+    requests.c.idempotency_key.in_(bindparam("b_keys", expanding=True))
+)
+_BODIES = select(requests.c.id, *[requests.c[f] for f in BODY_FIELDS]).where(
+    requests.c.id.in_(bindparam("b_ids", expanding=True))
+)
+# Keys per lookup: far below both databases' limits on bound parameters.
+KEYS_PER_LOOKUP = 1000
+
+
+@dataclass(frozen=True)
+class Known:
+    """A key already in the ledger: its request, and the hash of the body stored under it."""
+
+    request_id: int
+    body_hash: str
+
+
+class KeyConflict(Exception):
+    """A key already in the ledger with a different body; the chunk was rolled back."""
+
+    def __init__(self, key: str, request_id: int) -> None:
+        super().__init__(f"key {key!r} is already in the ledger (request {request_id}) with a different body")
+        self.key = key
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class ChunkWritten:
+    inserted: list[tuple[int, str]]  # (id, key) of each new row
+    repeats: int  # keys that were already there with the same body
+
+
+class IntakeQueries:
+    """Mixed into `Store`; needs `engine` and `dialect`."""
+
+    engine: Engine
+    dialect: Dialect
+
+    def known_keys(self, keys: list[str]) -> dict[str, Known]:
+        """Which of `keys` the ledger holds (one short read per KEYS_PER_LOOKUP keys)."""
+        found: dict[str, Known] = {}
+        with self.engine.connect() as conn:
+            for i in range(0, len(keys), KEYS_PER_LOOKUP):
+                found |= _known(conn, keys[i : i + KEYS_PER_LOOKUP])
+        return found
+
+    def stored_body(self, request_id: int) -> dict[str, Any]:
+        """A request's body fields as stored (to name what a conflict differs in)."""
+        with self.engine.connect() as conn:
+            return dict(conn.execute(_BODIES, {"b_ids": [request_id]}).one()._mapping)
+
+    def next_fair_seqs(self, job_ids: Iterable[str | None]) -> dict[str | None, int]:
+        """Per job, the `fair_seq` its next request gets: read once per enqueue, then counted
+        on by the caller (the column orders claims fairly; it need not be unique)."""
+        c = requests.c
+        seqs: dict[str | None, int] = {}
+        with self.engine.connect() as conn:
+            for job_id in job_ids:
+                where = c.job_id.is_(None) if job_id is None else c.job_id == job_id
+                top = conn.execute(select(func.coalesce(func.max(c.fair_seq), 0)).where(where)).scalar_one()
+                seqs[job_id] = int(top) + 1
+        return seqs
+
+    def insert_chunk(self, rows: list[tuple[Any, ...]], hashes: dict[str, str], job_ids: set[str]) -> ChunkWritten:
+        """One transaction: the chunk's jobs (if new), its rows (keys already there skipped), and
+        for each skipped key the check that its stored body is the same (else `KeyConflict`).
+
+        `rows` are tuples in `ROW_COLUMNS` order; `hashes` maps each of their keys (unique
+        within the chunk) to its body hash.
+        """
+        with transaction(self.engine, self.dialect) as conn:
+            for job_id in sorted(job_ids):
+                conn.execute(self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"})
+            new = self.dialect.insert_rows(conn, requests, ROW_COLUMNS, rows, key="idempotency_key")
+            added = {key for _, key in new}
+            skipped = [key for key in hashes if key not in added]
+            if skipped:
+                known = _known(conn, skipped)
+                for key in skipped:
+                    if known[key].body_hash != hashes[key]:
+                        raise KeyConflict(key, known[key].request_id)
+        return ChunkWritten(new, len(skipped))
+
+    def queue_depth(self) -> int:
+        with self.engine.connect() as conn:
+            count = select(func.count()).select_from(requests).where(requests.c.status == RequestStatus.QUEUED.value)
+            return int(conn.execute(count).scalar_one())
+
+
+def _known(conn: Connection, keys: list[str]) -> dict[str, Known]:
+    rows = conn.execute(_KNOWN, {"b_keys": keys}).all()
+    older = [r.id for r in rows if r.body_hash is None]  # enqueued before migration 0005
+    hashed = {r.id: body_hash(dict(r._mapping)) for r in conn.execute(_BODIES, {"b_ids": older})} if older else {}
+    return {r.idempotency_key: Known(int(r.id), r.body_hash or hashed[r.id]) for r in rows}
