@@ -118,10 +118,20 @@ BAD_LINES: dict[str, tuple[object, str]] = {
 
 
 @pytest.mark.parametrize("case", list(BAD_LINES))
-def test_a_bad_line_is_one_line_exit_2_and_nothing_written(db_url: str, tmp_path: Path, case: str) -> None:
+def test_a_bad_line_is_one_line_exit_2_and_nothing_written(sqlite_url: str, tmp_path: Path, case: str) -> None:
+    """The whole file is checked before anything is written, so the database plays no part in
+    these refusals: each runs once, on SQLite (the next test shows the same on both databases)."""
     bad, expected = BAD_LINES[case]
     path = write(tmp_path / "bad.jsonl", [line(1), line(2), bad, line(4)])
-    assert_refused(cli_enqueue(db_url, path, LEDGER_MAX_LINE_BYTES="4096"), expected)
+    assert_refused(cli_enqueue(sqlite_url, path, LEDGER_MAX_LINE_BYTES="4096"), expected)
+    assert request_count(sqlite_url) == 0
+
+
+@pytest.mark.parametrize("case", ["not utf-8", "custom_id reused, other body", "NUL"])
+def test_a_bad_line_writes_nothing_on_either_database(db_url: str, tmp_path: Path, case: str) -> None:
+    bad, expected = BAD_LINES[case]
+    path = write(tmp_path / "bad.jsonl", [line(1), line(2), bad, line(4)])
+    assert_refused(cli_enqueue(db_url, path), expected)
     assert request_count(db_url) == 0
 
 
