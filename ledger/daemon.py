@@ -67,6 +67,7 @@ async def run_daemon(
     idle_bound = max(settings.lease_seconds / 4, 1.0)
     store = Store(settings.database_url, ping_on_checkout=False, idle_in_transaction_s=idle_bound)
     store.pool_probe_seconds = settings.pool_probe_seconds
+    store.pool_rules = settings.pool_rules
     lane = DbLane(settings.db_retry_seconds)
     stop = stop or anyio.Event()
     started = time.monotonic()

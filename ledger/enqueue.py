@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters.registry import PROVIDER_NAMES
 from ledger.models import Delivery
 from ledger.pools import endpoint_for, normalize_endpoint
-from ledger.prices import PriceTable
+from ledger.prices import PriceTable, token_estimate
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Body keys that are not sampling parameters.
@@ -128,8 +128,9 @@ def to_row(
     }
     row["idempotency_key"] = spec.idempotency_key or content_key(row)
     row["batch_key"] = batch_key(row)
+    prompt_bytes = len(json.dumps(input_, ensure_ascii=False).encode())
+    row["token_estimate"] = token_estimate(prompt_bytes, spec.params)
     if prices is not None:
-        prompt_bytes = len(json.dumps(input_, ensure_ascii=False).encode())
         batch = spec.delivery is Delivery.BATCH
         row["estimate_usd"] = prices.worst_case(spec.provider, spec.model, prompt_bytes, spec.params, batch=batch)
     return row

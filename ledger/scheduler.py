@@ -25,6 +25,7 @@ from ledger.executor import CallContext, execute
 from ledger.leases import LeaseKeeper
 from ledger.record import RecorderStopped
 from ledger.settings import Settings
+from ledger.store.pools import RAMP_PACE_S
 from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed, ReleasedRows, Written
 from ledger.waits import first_done
 
@@ -115,7 +116,10 @@ class Scheduler:
     async def claim_once(self, tg: TaskGroup) -> int:
         # The limits are read at each try (the held leases change while a retry waits).
         claim = await self.ctx.lane.run(lambda: self.ctx.store.claim(self.worker_id, **self.limits_now()))
-        return self._accept(claim, tg)
+        taken = self._accept(claim, tg)
+        if claim.ramping:  # slow start: let a refusal of the slot just opened come back first
+            await anyio.sleep(RAMP_PACE_S)
+        return taken
 
     def _accept(self, claim: Claim, tg: TaskGroup) -> int:
         """Announce and start what a claim took; returns how many."""
