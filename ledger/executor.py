@@ -119,8 +119,8 @@ async def execute(
             return
         window = _window(error.limits, ctx.policy.max_delay)
         rate_limited = error.status_code == 429
-        waits = [w for w in (error.retry_after, window.reset_s if window and window.remaining == 0 else None) if w]
-        delay = ctx.policy.delay(attempt, max(waits) if waits else None)
+        spent_for = window.reset_s if window is not None and window.remaining == 0 else None
+        delay = ctx.policy.delay(attempt, error.retry_after if error.retry_after is not None else spent_for)
         cooldown = delay if rate_limited and error.retry_after is not None else None
         # FR-008: a timeout gives its slot back and queues the retry. So does a 429: the pool's
         # learned limit (set in one step from it) or its cooldown is what holds the endpoint's
@@ -153,7 +153,7 @@ async def execute(
 def _window(limits: RateLimits | None, max_wait: float) -> PoolWindow | None:
     """The provider's rate-limit headers as the store reads them, the wait capped like a retry-after's."""
     found = limits.window() if limits is not None else None
-    return None if found is None else PoolWindow(found[0], min(found[1], max_wait))
+    return None if found is None else PoolWindow(found[0], min(found[1], max_wait), time.monotonic())
 
 
 def _ms(since: float) -> int:

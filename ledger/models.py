@@ -307,6 +307,9 @@ class LlmPool(SQLModel, table=True):
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
     # Slow start: the most calls the pool has had in flight; above it a claim opens one more at a time.
     peak: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    # The provider's headers said: this many more calls may start before `window_until`.
+    window_left: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    window_until: datetime | None = _ts()
 
 
 class LlmPoolCall(SQLModel, table=True):

@@ -310,15 +310,16 @@ class MockProviderServer:
         return now
 
     def _with_rate_headers(self, wire: str, reply: Reply) -> Reply:
-        """With an `rpm` cap, every answer says what is left of the window, as of when it is sent,
-        the way each provider says it (OpenAI: a duration until the window has room again;
-        Anthropic: the moment it has)."""
+        """With an `rpm` cap, every answer says what is left of the window as of when it is sent,
+        and when the window is whole again (every counted request out of it), the way each
+        provider says it (OpenAI: a duration; Anthropic: the moment). A 429's retry-after says
+        when one request gets through again."""
         rpm = self.config.rpm
         if rpm is None:
             return reply
         now = self._window_now()
         remaining = max(rpm - len(self._recent), 0)
-        reset = self.config.rpm_window - (now - self._recent[0]) if self._recent else 0.0
+        reset = self.config.rpm_window - (now - self._recent[-1]) if self._recent else 0.0
         if wire == "openai":
             headers = [
                 ("x-ratelimit-limit-requests", str(rpm)),

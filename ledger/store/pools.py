@@ -9,11 +9,13 @@ about an endpoint holds back all of them:
   per group, so a burst of 429s from one overshoot is one lesson, not one slot each.
   A 429 with nothing else in flight says nothing about concurrency: its retry-after
   cools the whole pool down instead.
-- **The provider's window.** An answer whose rate-limit headers say the window is
-  spent (no requests or no tokens left), or has fewer requests left than the pool
-  has calls in flight, cools the pool down until the window has room again: the
-  pool slows down before the 429, not after. A 429 saying so is not a lesson about
-  concurrency.
+- **The provider's window.** An answer's rate-limit headers say how many requests the
+  provider's window still takes (and whether tokens are left). Less the calls started
+  since that answer (not counted in it yet), that is what claims may start until the
+  window is whole again (`window_left` until `window_until`, the providers' reset);
+  nothing left (or no tokens) cools the pool down until a call can succeed again, and
+  then lets one call go, whose answer says how much room there is: the pool slows down
+  before the 429, not after. A 429 saying so is not a lesson about concurrency.
 - **Probing back up** (additive increase): `PROBE_ROUNDS x learned_limit` successes
   in a row, and at least `probe_seconds` since the limit last changed, raise it by
   one, until it reaches the configured limit and is dropped. Rare on purpose: a probe
@@ -33,6 +35,7 @@ Called only from `Store` methods, inside their transactions (the claim lock held
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +46,7 @@ from sqlalchemy.engine import Connection
 from ledger.models import AttemptOutcome, LlmAttempt, LlmPool, LlmPoolCall, LlmRequest, RequestStatus
 from ledger.prices import DEFAULT_MAX_OUTPUT_TOKENS
 from ledger.store.dialect import Dialect, db_now, db_now_plus
-from ledger.store.rows import ClaimedRequest, Completed, Outcome, RetryLater
+from ledger.store.rows import ClaimedRequest, Completed, Outcome, PoolWindow, RetryLater
 
 # Rounds of full-limit successes before trying one more slot.
 PROBE_ROUNDS = 10
@@ -74,7 +77,13 @@ class PoolRules:
 
 NO_RULES = PoolRules()
 
-_STATE = select(pools.c.endpoint, pools.c.cooldown_until > db_now(), pools.c.learned_limit, pools.c.peak)
+_STATE = select(
+    pools.c.endpoint,
+    pools.c.cooldown_until > db_now(),
+    pools.c.learned_limit,
+    pools.c.peak,
+    case((pools.c.window_until > db_now(), pools.c.window_left), else_=None),
+)
 _WINDOW_USE = (
     select(calls.c.endpoint, func.count(), func.coalesce(func.sum(calls.c.tokens), 0))
     .where(
@@ -98,6 +107,7 @@ class PoolRoom:
     learned: dict[str, int]
     peaks: dict[str, int]
     window: dict[str, tuple[int, int]]  # rated pool -> (calls, tokens) in the window
+    allowed: dict[str, int]  # pool -> calls the provider's headers still allow in its window
     taken: dict[str, int] = field(default_factory=dict)
     taken_tokens: dict[str, int] = field(default_factory=dict)
     estimates: dict[int, int] = field(default_factory=dict)  # request id -> tokens reserved
@@ -111,12 +121,14 @@ class PoolRoom:
         global_limit: int,
         rules: PoolRules,
     ) -> PoolRoom:
-        cooling, learned, peaks = read_state(conn, pool_limit)
+        state = read_state(conn, pool_limit)
         window: dict[str, tuple[int, int]] = {}
         if rules.rated:
             params = {"b_pools": rules.rated, "b_since": -rules.window_s}
             window = {ep: (int(n), int(t)) for ep, n, t in conn.execute(_WINDOW_USE, params)}
-        return cls(in_flight, pool_limit, global_limit, rules, cooling, learned, peaks, window)
+        return cls(
+            in_flight, pool_limit, global_limit, rules, state.cooling, state.learned, state.peaks, window, state.allowed
+        )
 
     def limit(self, endpoint: str) -> int:
         """The pool's slots: configured, lowered by what it learned, opened one at a time in slow start."""
@@ -131,6 +143,7 @@ class PoolRoom:
     def full(self) -> list[str]:
         """Pools this claim need not read candidates of: no slot, cooling, or their window is spent."""
         full = {ep for ep, n in self.in_flight.items() if n >= self.limit(ep)} | self.cooling
+        full |= {ep for ep, left in self.allowed.items() if left <= 0}
         for ep in self.rules.rated:
             n, tokens = self.window.get(ep, (0, 0))
             if n >= self.rules.rpm.get(ep, n + 1) or tokens >= self.rules.tpm.get(ep, tokens + 1):
@@ -139,7 +152,7 @@ class PoolRoom:
 
     def fits(self, endpoint: str, token_estimate: int | None) -> bool:
         used = self.in_flight.get(endpoint, 0) + self.taken.get(endpoint, 0)
-        if used >= self.limit(endpoint):
+        if used >= self.limit(endpoint) or self.taken.get(endpoint, 0) >= self.allowed.get(endpoint, used + 1):
             return False
         if endpoint not in self.rules.rpm and endpoint not in self.rules.tpm:
             return True
@@ -170,6 +183,10 @@ class PoolRoom:
                     grown = case((pools.c.peak < now, now), else_=pools.c.peak)
                     first = {"endpoint": ep, "peak": now}
                     conn.execute(dialect.upsert(pools, ["endpoint"], first, {}, on_conflict={"peak": grown}))
+        for ep in sorted(set(self.taken) & set(self.allowed)):
+            conn.execute(
+                update(pools).where(pools.c.endpoint == ep).values(window_left=pools.c.window_left - self.taken[ep])
+            )
         logged = [r for r in claimed if r.id in self.estimates]
         if logged:
             log_calls(conn, [(r.endpoint, r.id, r.attempt, self.estimates[r.id]) for r in logged], self.rules)
@@ -211,24 +228,34 @@ def window_full(conn: Connection, endpoint: str, rules: PoolRules) -> bool:
     return n >= rules.rpm.get(endpoint, n + 1) or tokens >= rules.tpm.get(endpoint, tokens + 1)
 
 
-def read_state(conn: Connection, configured: Callable[[str], int]) -> tuple[set[str], dict[str, int], dict[str, int]]:
-    """(pools cooling down, effective learned limits, peaks); learned limits that grew back are dropped."""
-    cooling: set[str] = set()
-    learned: dict[str, int] = {}
-    peaks: dict[str, int] = {}
+@dataclass
+class PoolState:
+    """`llm_pools` as a claim reads it."""
+
+    cooling: set[str] = field(default_factory=set)
+    learned: dict[str, int] = field(default_factory=dict)  # effective learned limits
+    peaks: dict[str, int] = field(default_factory=dict)
+    allowed: dict[str, int] = field(default_factory=dict)  # calls the provider's window still allows
+
+
+def read_state(conn: Connection, configured: Callable[[str], int]) -> PoolState:
+    """Every pool's state; learned limits that grew back to the configured limit are dropped."""
+    state = PoolState()
     recovered: list[str] = []
-    for endpoint, is_cooling, limit, peak in conn.execute(_STATE):
-        peaks[endpoint] = int(peak)
+    for endpoint, is_cooling, limit, peak, allowed in conn.execute(_STATE):
+        state.peaks[endpoint] = int(peak)
         if is_cooling:
-            cooling.add(endpoint)
+            state.cooling.add(endpoint)
+        if allowed is not None:
+            state.allowed[endpoint] = int(allowed)
         if limit is not None:
             if limit >= configured(endpoint):
                 recovered.append(endpoint)
             else:
-                learned[endpoint] = int(limit)
+                state.learned[endpoint] = int(limit)
     if recovered:
         conn.execute(update(pools).where(pools.c.endpoint.in_(recovered)).values(learned_limit=None, successes=0))
-    return cooling, learned, peaks
+    return state
 
 
 # -- what answers teach ----------------------------------------------------------------
@@ -245,13 +272,16 @@ class _Heard:
     completed: int = 0
     remaining: int | None = None
     reset_s: float = 0.0
+    answered_at: float = 0.0  # of the answer that said `remaining` (time.monotonic(), 0: unknown)
     settle: list[dict[str, Any]] = field(default_factory=list)
 
-    def window(self, remaining: int, reset_s: float) -> None:
-        if self.remaining is None or remaining < self.remaining:
-            self.remaining, self.reset_s = remaining, reset_s
-        elif remaining == self.remaining:
-            self.reset_s = max(self.reset_s, reset_s)
+    def window(self, w: PoolWindow) -> None:
+        """The tightest window heard in the group wins."""
+        if self.remaining is None or w.remaining < self.remaining:
+            self.remaining, self.reset_s, self.answered_at = w.remaining, w.reset_s, w.answered_at
+        elif w.remaining == self.remaining:
+            self.reset_s = max(self.reset_s, w.reset_s)
+            self.answered_at = min(self.answered_at, w.answered_at)
 
 
 def note_outcomes(conn: Connection, dialect: Dialect, outcomes: Iterable[Outcome], rules: PoolRules) -> None:
@@ -265,7 +295,7 @@ def note_outcomes(conn: Connection, dialect: Dialect, outcomes: Iterable[Outcome
             continue
         h = heard.setdefault(o.request.endpoint, _Heard())
         if o.window is not None:
-            h.window(o.window.remaining, o.window.reset_s)
+            h.window(o.window)
         rated = o.request.endpoint in rules.rpm or o.request.endpoint in rules.tpm
         if isinstance(o, Completed):
             h.completed += 1
@@ -294,21 +324,36 @@ _SETTLE = (
 )
 
 
+# How long before its answer a call may have been sent and still not reached the provider.
+_IN_TRANSIT_S = 0.05
 # The most calls a pool can have in flight (MAX_CONCURRENT_LLM_CALLS is at most 50): a window
 # with more left than that has room for all of them, without counting.
 _MOST_CALLS = 50
 
 
 def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard) -> None:
-    """A window with no room left for the calls still out (or none at all) cools the pool down
-    until it has; otherwise a 429 teaches the pool its limit."""
+    """What the provider's window has left: less the calls started since it answered (not
+    counted there yet), that is what claims may start until the window is whole again
+    (`window_left` until `window_until`); nothing left cools the pool down until a call can
+    succeed again (a 429's retry-after, else the reset), then lets one call go, whose answer
+    says how much room there is. Otherwise a 429 teaches the pool its limit."""
     left = h.remaining
-    spent = left is not None and (left == 0 or (left <= _MOST_CALLS and left <= calling(conn, endpoint)))
-    if spent:  # the provider's window has (almost) no room: wait for it, every daemon
-        waits = [w for w in (h.reset_s, h.retry_after if h.rate_limited else None) if w]
-        if waits:
-            cool_down(conn, dialect, endpoint, max(waits))
+    if left is not None and 0 < left <= _MOST_CALLS:
+        left -= calls_started_since(conn, endpoint, h.answered_at)
+    if left is not None and left <= 0:  # no room: wait for it, every daemon
+        wait = h.retry_after if h.rate_limited and h.retry_after else h.reset_s
+        if wait:
+            cool_down(conn, dialect, endpoint, wait)
+        if h.reset_s > (wait or 0):
+            values = {"window_left": 1, "window_until": db_now_plus(h.reset_s)}
+            conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
         return
+    if left is not None and left <= _MOST_CALLS and h.reset_s > 0:
+        values = {"window_left": left, "window_until": db_now_plus(h.reset_s)}
+        conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
+    elif left is not None:  # room enough again: what an earlier answer allowed no longer holds back
+        open_window = and_(pools.c.endpoint == endpoint, pools.c.window_until.is_not(None))
+        conn.execute(update(pools).where(open_window).values(window_left=None, window_until=None))
     if not h.rate_limited:
         return
     if h.calls_out is not None:  # ours, counted when the 429 came; the other daemons', as the database knows them
@@ -354,6 +399,16 @@ _CALLING = (
         attempts.c.outcome == AttemptOutcome.RUNNING.value,
     )
 )
+
+
+def calls_started_since(conn: Connection, endpoint: str, answered_at: float) -> int:
+    """The pool's calls out (every daemon's) started since an answer came (`time.monotonic()`;
+    0: unknown, then every call out counts): the provider had not counted them in it."""
+    if not answered_at:
+        return calling(conn, endpoint)
+    since = max(time.monotonic() - answered_at, 0.0) + _IN_TRANSIT_S
+    query = _CALLING.where(attempts.c.started_at > db_now_plus(bindparam("b_ago")))
+    return int(conn.execute(query, {"b_endpoint": endpoint, "b_ago": -since}).scalar_one())
 
 
 def calling(conn: Connection, endpoint: str) -> int:

@@ -70,10 +70,13 @@ class AttemptFailure:
 @dataclass(frozen=True)
 class PoolWindow:
     """What the provider's rate-limit headers said about its window with an answer: calls it
-    will still start (0: spent) and seconds until it has room again (capped by the caller)."""
+    will still start (0: spent) and seconds until it is whole again (capped by the caller).
+    `answered_at` (time.monotonic(), 0: unknown): when the answer came; calls started since
+    may not be counted in `remaining` yet."""
 
     remaining: int
     reset_s: float
+    answered_at: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""pool rates: RPM/TPM windows (llm_pool_calls), request token estimates, slow start (llm_pools.peak)
+"""pool rates: RPM/TPM windows (llm_pool_calls), request token estimates, slow start and the
+provider's announced window (llm_pools.peak, window_left, window_until)
 
 Revision ID: 0005_pool_rates
 Revises: 0004
@@ -38,6 +39,8 @@ def upgrade() -> None:
         batch_op.create_index("ix_llm_pool_calls_request", ["request_id", "attempt"], unique=False)
     with op.batch_alter_table("llm_pools", schema=None) as batch_op:
         batch_op.add_column(sa.Column("peak", sa.Integer(), server_default="0", nullable=False))
+        batch_op.add_column(sa.Column("window_left", sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column("window_until", sa.DateTime(timezone=True), nullable=True))
     with op.batch_alter_table("llm_requests", schema=None) as batch_op:
         batch_op.add_column(sa.Column("token_estimate", sa.Integer(), nullable=True))
 
@@ -46,6 +49,8 @@ def downgrade() -> None:
     with op.batch_alter_table("llm_requests", schema=None) as batch_op:
         batch_op.drop_column("token_estimate")
     with op.batch_alter_table("llm_pools", schema=None) as batch_op:
+        batch_op.drop_column("window_until")
+        batch_op.drop_column("window_left")
         batch_op.drop_column("peak")
     with op.batch_alter_table("llm_pool_calls", schema=None) as batch_op:
         batch_op.drop_index("ix_llm_pool_calls_request")
