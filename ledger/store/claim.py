@@ -132,6 +132,8 @@ class ClaimQueries:
     dialect: Dialect
     # Pools with a learned limit as of this process's last claim: only their successes are counted.
     learning: set[str] = set()  # noqa: RUF012 - replaced, never mutated
+    # Pools held to what the provider's headers allowed, as of this process's last claim.
+    windowed: set[str] = set()  # noqa: RUF012 - replaced, never mutated
     # How long a learned limit stands before one more slot is tried (LEDGER_POOL_PROBE_SECONDS).
     pool_probe_seconds: float = 60.0
     # RPM/TPM caps and slow start (LEDGER_POOL_RPM, _TPM, _SLOW_START; the daemon sets them).
@@ -186,7 +188,7 @@ class ClaimQueries:
             return Claim([], total, reclaimed)
         # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py).
         room = pool_state.PoolRoom.read(conn, in_flight, pool_limit, global_limit, self.pool_rules)
-        self.learning = set(room.learned)
+        self.learning, self.windowed = set(room.learned), set(room.allowed)
         candidates = conn.execute(self._candidates, {"b_full": room.full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
         picked: list[int] = []
         rows = list(candidates)

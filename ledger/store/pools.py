@@ -3,12 +3,12 @@
 Every daemon reads this in its claim transaction, so what one process learns
 about an endpoint holds back all of them:
 - **Learned limit, in one step.** A retryable 429 says the provider serves at most
-  what the pool had in flight when it answered: the pool's calls still at the
-  provider (open attempts, every daemon's) plus those answered in the same group
-  of outcomes. The learned limit drops to that at once (never raised by it), once
-  per group, so a burst of 429s from one overshoot is one lesson, not one slot each.
-  A 429 with nothing else in flight says nothing about concurrency: its retry-after
-  cools the whole pool down instead.
+  what the pool had in flight when it refused the call: the recording daemon's other
+  calls out then (counted by its executor, `RetryLater.calls_out`) plus the other
+  daemons' calls at the provider (their open attempts). The learned limit drops to
+  that at once (never raised by it), once per group (the smallest count), so a burst
+  of 429s from one overshoot is one lesson, not one slot each. A 429 with nothing else
+  in flight says nothing about concurrency: its retry-after cools the pool down instead.
 - **The provider's window.** An answer's rate-limit headers say how many requests the
   provider's window still takes (and whether tokens are left). Less the calls started
   since that answer (not counted in it yet), that is what claims may start until the
@@ -36,7 +36,7 @@ Called only from `Store` methods, inside their transactions (the claim lock held
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,10 +284,14 @@ class _Heard:
             self.answered_at = min(self.answered_at, w.answered_at)
 
 
-def note_outcomes(conn: Connection, dialect: Dialect, outcomes: Iterable[Outcome], rules: PoolRules) -> None:
+def note_outcomes(
+    conn: Connection, dialect: Dialect, outcomes: Iterable[Outcome], rules: PoolRules, windowed: Collection[str] = ()
+) -> None:
     """What a group of outcomes says about their pools: windows spent, limits learned, tokens used.
 
     Every 429 counts, whatever became of its row: it is what the provider said about the pool.
+    `windowed`: pools held to a window the headers announced (the last claim saw them); only
+    theirs is cleared when an answer says the window has room enough again.
     """
     heard: dict[str, _Heard] = {}
     for o in outcomes:
@@ -311,7 +315,7 @@ def note_outcomes(conn: Connection, dialect: Dialect, outcomes: Iterable[Outcome
             if rated:  # refused: the provider used no tokens on it
                 h.settle.append({"b_id": o.request.id, "b_attempt": o.attempt, "b_tokens": 0})
     for endpoint, h in sorted(heard.items()):
-        _note_pool(conn, dialect, endpoint, h)
+        _note_pool(conn, dialect, endpoint, h, endpoint in windowed)
     settle = [s for h in heard.values() for s in h.settle]
     if settle:
         conn.execute(_SETTLE, settle)
@@ -331,7 +335,7 @@ _IN_TRANSIT_S = 0.05
 _MOST_CALLS = 50
 
 
-def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard) -> None:
+def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard, windowed: bool) -> None:
     """What the provider's window has left: less the calls started since it answered (not
     counted there yet), that is what claims may start until the window is whole again
     (`window_left` until `window_until`); nothing left cools the pool down until a call can
@@ -351,7 +355,7 @@ def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard) -> 
     if left is not None and left <= _MOST_CALLS and h.reset_s > 0:
         values = {"window_left": left, "window_until": db_now_plus(h.reset_s)}
         conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
-    elif left is not None:  # room enough again: what an earlier answer allowed no longer holds back
+    elif left is not None and windowed:  # room enough again: what an earlier answer allowed no longer holds back
         open_window = and_(pools.c.endpoint == endpoint, pools.c.window_until.is_not(None))
         conn.execute(update(pools).where(open_window).values(window_left=None, window_until=None))
     if not h.rate_limited:

@@ -294,7 +294,7 @@ class QueueQueries(ClaimQueries):
                 written = [Written.APPLIED] * len(outcomes)
             else:
                 written = self._sort_out(conn, outcomes)
-            pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules)
+            pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
             succeeded = [
                 o.request.endpoint
                 for o, w in zip(outcomes, written, strict=True)
