@@ -12,7 +12,7 @@ from typing import Any
 
 import anthropic
 
-from adapters.base import CallRequest, CallResult, sdk_errors
+from adapters.base import CallRequest, CallResult, read_rate_limits, sdk_errors
 
 DEFAULT_MAX_TOKENS = 1024
 _KEEP = {"temperature", "top_p", "top_k", "stop_sequences", "metadata", "thinking", "tools", "tool_choice"}
@@ -48,14 +48,17 @@ class AnthropicAdapter:
 
     async def call(self, request: CallRequest, *, timeout: float) -> CallResult:
         with sdk_errors(anthropic):
-            message = await self._client.messages.create(
+            # The raw response for its rate-limit headers; parsed into the SDK's Message as usual.
+            raw = await self._client.messages.with_raw_response.create(
                 model=request.model,
                 messages=request.messages,  # type: ignore[arg-type]
                 timeout=timeout,
                 **anthropic_params(request),
             )
+            message = await raw.parse()
         text = "".join(block.text for block in message.content if block.type == "text")
-        return CallResult(text, message.usage.input_tokens, message.usage.output_tokens)
+        usage = message.usage
+        return CallResult(text, usage.input_tokens, usage.output_tokens, limits=read_rate_limits(raw.headers))
 
     async def aclose(self) -> None:
         await self._client.close()

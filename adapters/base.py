@@ -9,9 +9,13 @@ where the system prompt goes, which errors are transient) stays behind it.
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -32,11 +36,40 @@ class CallRequest:
 
 
 @dataclass(frozen=True)
+class RateLimits:
+    """What a provider's rate-limit headers said with an answer (success or error).
+
+    `remaining_*`: requests / tokens the provider will still accept in its current window
+    (None: not said); `reset_*_s`: seconds until that window has room again.
+    """
+
+    remaining_requests: int | None = None
+    remaining_tokens: int | None = None
+    reset_requests_s: float | None = None
+    reset_tokens_s: float | None = None
+
+    def window(self) -> tuple[int, float] | None:
+        """(calls the provider will still start, seconds until its window has room again), the
+        tighter of requests and tokens; None when the headers gave no remaining count. Spent
+        tokens leave room for no call at all, whatever the requests count says."""
+        found: list[tuple[int, float]] = []
+        if self.remaining_requests is not None:
+            found.append((max(self.remaining_requests, 0), self.reset_requests_s or 0.0))
+        if self.remaining_tokens is not None and self.remaining_tokens <= 0:
+            found.append((0, self.reset_tokens_s or 0.0))
+        if not found:
+            return None
+        remaining = min(n for n, _ in found)
+        return remaining, max(s for n, s in found if n == remaining)
+
+
+@dataclass(frozen=True)
 class CallResult:
     text: str
     input_tokens: int | None = None
     output_tokens: int | None = None
     status_code: int = 200
+    limits: RateLimits | None = None  # the provider's rate-limit headers, when it sent any
 
 
 class ProviderError(Exception):
@@ -50,6 +83,7 @@ class ProviderError(Exception):
         retryable: bool,
         code: str = "provider_error",
         retry_after: float | None = None,
+        limits: RateLimits | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -57,6 +91,7 @@ class ProviderError(Exception):
         self.retryable = retryable
         self.code = code
         self.retry_after = retry_after
+        self.limits = limits  # the provider's rate-limit headers, when it sent any
         # A batch refused at create: which entries the provider named (see BatchRejection).
         self.rejections: tuple[BatchRejection, ...] = ()
 
@@ -129,6 +164,83 @@ def retry_after_seconds(headers: Any) -> float | None:
     return None
 
 
+# OpenAI: `x-ratelimit-remaining-requests: 59`, `x-ratelimit-reset-requests: 1s` (also `6m0s`,
+# `20ms`). Anthropic: `anthropic-ratelimit-requests-remaining: 49`, `...-reset: <RFC 3339 time>`,
+# and for tokens also the input / output token variants (the tightest one counts).
+_RESETS = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def read_rate_limits(headers: Any) -> RateLimits | None:
+    """The rate-limit headers of an answer, OpenAI's or Anthropic's; None when it has none."""
+    if headers is None:
+        return None
+    requests = _least(headers, "x-ratelimit-remaining-requests", "anthropic-ratelimit-requests-remaining")
+    tokens = _least(
+        headers,
+        "x-ratelimit-remaining-tokens",
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-input-tokens-remaining",
+        "anthropic-ratelimit-output-tokens-remaining",
+    )
+    if requests is None and tokens is None:
+        return None
+    return RateLimits(
+        remaining_requests=requests,
+        remaining_tokens=tokens,
+        reset_requests_s=_latest_reset(headers, "x-ratelimit-reset-requests", "anthropic-ratelimit-requests-reset"),
+        reset_tokens_s=_latest_reset(
+            headers,
+            "x-ratelimit-reset-tokens",
+            "anthropic-ratelimit-tokens-reset",
+            "anthropic-ratelimit-input-tokens-reset",
+            "anthropic-ratelimit-output-tokens-reset",
+        ),
+    )
+
+
+def _least(headers: Any, *names: str) -> int | None:
+    found = []
+    for name in names:
+        value = headers.get(name)
+        if value is not None:
+            try:
+                found.append(int(float(value)))
+            except (TypeError, ValueError):
+                continue
+    return min(found) if found else None
+
+
+def _latest_reset(headers: Any, *names: str) -> float | None:
+    found = [s for s in (reset_seconds(headers.get(name)) for name in names) if s is not None]
+    return max(found) if found else None
+
+
+def reset_seconds(value: str | None) -> float | None:
+    """Seconds until a reset: OpenAI's durations (`1s`, `6m0s`, `20ms`, `0.5s`), a bare number
+    of seconds, or Anthropic's RFC 3339 / HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    parts = _RESETS.findall(value)
+    if parts and "".join(n + u for n, u in parts) == value:
+        return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
 def classify_status(status_code: int, message: str, body: Any = None, headers: Any = None) -> ProviderError:
     """Turn an HTTP error status into a ProviderError with the ledger's retry rules.
 
@@ -145,6 +257,7 @@ def classify_status(status_code: int, message: str, body: Any = None, headers: A
         retryable=retryable,
         code=code,
         retry_after=retry_after_seconds(headers),
+        limits=read_rate_limits(headers),
     )
 
 

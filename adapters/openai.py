@@ -8,11 +8,12 @@ completion, so the body is read raw and checked before it is trusted.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import openai
 
-from adapters.base import CallRequest, CallResult, ProviderError, classify_status, sdk_errors
+from adapters.base import CallRequest, CallResult, ProviderError, classify_status, read_rate_limits, sdk_errors
 
 
 def openai_messages(request: CallRequest) -> list[dict[str, Any]]:
@@ -46,7 +47,9 @@ class OpenAIAdapter:
                 extra_body=body,
                 timeout=timeout,
             )
-        return parse_chat_completion(raw.http_response.text, raw.http_response.status_code)
+        result = parse_chat_completion(raw.http_response.text, raw.http_response.status_code)
+        limits = read_rate_limits(raw.http_response.headers)
+        return result if limits is None else replace(result, limits=limits)
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -405,7 +405,7 @@ def daemon(
 def mock_provider(ctx: typer.Context) -> None:
     """Serve a mock OpenAI + Anthropic provider (chat, messages, files, batches) for keyless runs.
 
-    Flags (see --help): --port, --host, --latency, --jitter, --max-concurrency, --rpm,
+    Flags (see --help): --port, --host, --latency, --jitter, --max-concurrency, --rpm, --rpm-window,
     --fault-rate CODE=RATE, --seed, and the batch faults --batch-latency,
     --batch-finalize-seconds, --batch-create-stall, --batch-results-stall,
     --batch-expire-rate, --batch-fail-rate, --batch-line-error-rate.

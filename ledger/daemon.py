@@ -68,6 +68,7 @@ async def run_daemon(
     idle_bound = max(settings.lease_seconds / 4, 1.0)
     store = Store(settings.database_url, ping_on_checkout=False, idle_in_transaction_s=idle_bound)
     store.pool_probe_seconds = settings.pool_probe_seconds
+    store.pool_rules = settings.pool_rules
     try:
         served = serve_metrics(settings)  # None without a metrics port: nothing listens
     except BaseException:

@@ -34,7 +34,7 @@ from ledger.fingerprint import body_hash, canonical, json_texts
 from ledger.models import Delivery
 from ledger.params import params_problem
 from ledger.pools import endpoint_for, normalize_endpoint
-from ledger.prices import PriceTable
+from ledger.prices import PriceTable, token_estimate
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Body keys that are not sampling parameters.
@@ -190,8 +190,9 @@ def checked_row(
         row["idempotency_key"] = spec.idempotency_key or content_key(row)
         row["batch_key"] = batch_key(row)
         row["body_hash"] = body_hash(row, texts)
+        prompt_bytes = len(json.dumps(input_, ensure_ascii=False).encode())
+        row["token_estimate"] = token_estimate(prompt_bytes, spec.params)
         if prices is not None:
-            prompt_bytes = len(json.dumps(input_, ensure_ascii=False).encode())
             batch = spec.delivery is Delivery.BATCH
             row["estimate_usd"] = prices.worst_case(spec.provider, spec.model, prompt_bytes, spec.params, batch=batch)
     except (TypeError, ValueError):  # a value JSON or UTF-8 cannot hold (NaN, a datetime, a lone surrogate)

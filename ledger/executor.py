@@ -14,13 +14,23 @@ from typing import Any
 
 import anyio
 
-from adapters.base import Adapter, CallRequest, ProviderError
+from adapters.base import Adapter, CallRequest, ProviderError, RateLimits
 from ledger import events
+from ledger.pools import CALLS_OUT
 from ledger.prices import PriceTable
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.store import Store
-from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, Failed, ReleasedRows, RetryLater, Written
+from ledger.store.rows import (
+    AttemptFailure,
+    ClaimedRequest,
+    Completed,
+    Failed,
+    PoolWindow,
+    ReleasedRows,
+    RetryLater,
+    Written,
+)
 
 
 @dataclass(frozen=True)
@@ -64,8 +74,9 @@ async def execute(
         if not may_call():
             return
         t0 = time.monotonic()
+        out_before = CALLS_OUT.now(request.endpoint)
         try:
-            with anyio.fail_after(ctx.timeout_s):
+            with anyio.fail_after(ctx.timeout_s), CALLS_OUT.out(request.endpoint):
                 result = await adapter.call(call, timeout=ctx.timeout_s + 5)
         except TimeoutError:
             events.timeout(request.id, request.agent, request.dimension, ctx.timeout_s)
@@ -86,6 +97,7 @@ async def execute(
                     result.output_tokens,
                     result.status_code,
                     cost,
+                    _window(result.limits, ctx.policy.max_delay),
                 )
             )
             return
@@ -105,19 +117,28 @@ async def execute(
                 time.monotonic() - started,
             )
             return
-        delay = ctx.policy.delay(attempt, error.retry_after)
-        cooldown = delay if error.status_code == 429 and error.retry_after is not None else None
-        timed_out = error.code == "timeout"
-        # FR-008: a timeout gives its slot back and queues the retry; any other
-        # transient failure keeps the slot through the back-off (seed 002), so
-        # a rate-limited endpoint sees no new traffic from this request's slot.
+        window = _window(error.limits, ctx.policy.max_delay)
+        rate_limited = error.status_code == 429
+        spent_for = window.reset_s if window is not None and window.remaining == 0 else None
+        delay = ctx.policy.delay(attempt, error.retry_after if error.retry_after is not None else spent_for)
+        cooldown = delay if rate_limited and error.retry_after is not None else None
+        # FR-008: a timeout gives its slot back and queues the retry. So does a 429: the pool's
+        # learned limit (set in one step from it) or its cooldown is what holds the endpoint's
+        # traffic back now, and a slot held through the back-off would only idle. Any other
+        # transient failure keeps the slot through the back-off (seed 002).
+        hold = not (error.code == "timeout" or rate_limited)
+        # What a 429 teaches: this daemon's other calls to the pool out when it was refused. Counted
+        # when it was sent and now, the more of the two: one answered while the refusal was on
+        # its way back was still at the provider when it refused (over-counting costs a 429 more,
+        # under-counting a slot until the next probe).
+        out = max(out_before, CALLS_OUT.now(request.endpoint)) if rate_limited else None
         written = await ctx.recorder.submit(
-            RetryLater(request, attempt, failure, delay, hold_slot=not timed_out, pool_cooldown_s=cooldown)
+            RetryLater(request, attempt, failure, delay, hold, cooldown, window, calls_out=out)
         )
         if written is not Written.APPLIED:  # canceled, or taken over: no retry of ours follows
             return
         events.retry(request.id, request.agent, request.dimension, attempt, error.status_code, delay)
-        if timed_out:  # the slot went back with the outcome; the retry waits in the queue
+        if not hold:  # the slot went back with the outcome; the retry waits in the queue
             return
         await anyio.sleep(delay)
         next_attempt = await ctx.lane.run(ctx.store.begin_attempt, request)
@@ -127,6 +148,12 @@ async def execute(
             ctx.recorder.notify_slot_freed()
             return
         attempt = next_attempt.number
+
+
+def _window(limits: RateLimits | None, max_wait: float) -> PoolWindow | None:
+    """The provider's rate-limit headers as the store reads them, the wait capped like a retry-after's."""
+    found = limits.window() if limits is not None else None
+    return None if found is None else PoolWindow(found[0], min(found[1], max_wait), time.monotonic())
 
 
 def _ms(since: float) -> int:

@@ -255,6 +255,8 @@ class LlmRequest(SQLModel, table=True):
     # reserved while a call may be spending it (set by the claim, cleared by the outcome).
     estimate_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
     reserved_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    # Tokens the call may use at most (input bytes / 3 + max_tokens), fixed at enqueue: TPM caps.
+    token_estimate: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     # When the parsers last derived reasoning / verdict from raw_output (NULL: not yet).
     parsed_at: datetime | None = _ts()
     created_at: datetime | None = _ts(nullable=False, default_now=True)
@@ -297,7 +299,7 @@ class LlmAttempt(SQLModel, table=True):
 
 
 class LlmPool(SQLModel, table=True):
-    """Shared per-endpoint state every daemon respects: 429 cooldown and learned limit."""
+    """Shared per-endpoint state every daemon respects: 429 cooldown, learned limit, slow start."""
 
     __tablename__ = "llm_pools"
 
@@ -306,6 +308,32 @@ class LlmPool(SQLModel, table=True):
     learned_limit: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     successes: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
+    # Slow start: the most calls the pool has had in flight; above it a claim opens one more at a time.
+    peak: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    # The provider's headers said: this many more calls may start before `window_until`.
+    window_left: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    window_until: datetime | None = _ts()
+
+
+class LlmPoolCall(SQLModel, table=True):
+    """A call started in a pool with an RPM/TPM cap: the pool's sliding window, pruned as it slides.
+
+    `tokens` is the estimate (input + max_tokens) when the call starts, the provider's reported
+    usage once it answers (0 for a 429: the provider refused it).
+    """
+
+    __tablename__ = "llm_pool_calls"
+    __table_args__ = (
+        Index("ix_llm_pool_calls_window", "endpoint", "started_at"),
+        Index("ix_llm_pool_calls_request", "request_id", "attempt"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
+    endpoint: str = Field(sa_column=Column(String(300), nullable=False))
+    request_id: int = Field(sa_column=Column(IdType, nullable=False))
+    attempt: int = Field(sa_column=Column(Integer, nullable=False))
+    tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    started_at: datetime | None = _ts(nullable=False, default_now=True)
 
 
 class LlmWorker(SQLModel, table=True):

@@ -7,6 +7,9 @@ bare `gpt-4o` becomes `id:gpt-4o`.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 
@@ -35,3 +38,30 @@ def endpoint_for(provider: str, model: str, base_url: str | None = None) -> str:
     if base_url and provider == "openai-compatible":
         return normalize_endpoint(base_url)
     return normalize_endpoint(f"{provider}:{model}")
+
+
+class CallsOut:
+    """This process's calls per pool that have been sent and not answered yet.
+
+    Read when a 429 comes back: the provider refused a call while these were out
+    (those it had accepted and those still on their way), so it serves at most
+    that many of ours. Only this process counts here; the store adds the calls
+    other daemons have out, as the database knows them.
+    """
+
+    def __init__(self) -> None:
+        self._out: Counter[str] = Counter()
+
+    @contextmanager
+    def out(self, pool: str) -> Iterator[None]:
+        self._out[pool] += 1
+        try:
+            yield
+        finally:
+            self._out[pool] -= 1
+
+    def now(self, pool: str) -> int:
+        return self._out[pool]
+
+
+CALLS_OUT = CallsOut()

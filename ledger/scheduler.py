@@ -26,6 +26,7 @@ from ledger.leases import LeaseKeeper
 from ledger.metrics import NO_METRICS, Metrics
 from ledger.record import RecorderStopped
 from ledger.settings import Settings
+from ledger.store.pools import RAMP_PACE_S
 from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed, ReleasedRows, Written
 from ledger.waits import first_done
 
@@ -118,7 +119,10 @@ class Scheduler:
     async def claim_once(self, tg: TaskGroup) -> int:
         # The limits are read at each try (the held leases change while a retry waits).
         claim = await self.ctx.lane.run(self._claim)
-        return self._accept(claim, tg)
+        taken = self._accept(claim, tg)
+        if claim.ramping:  # slow start: let a refusal of the slot just opened come back first
+            await anyio.sleep(RAMP_PACE_S)
+        return taken
 
     def _claim(self) -> Claim:
         with self.metrics.claim_transaction():

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
     from ledger.prices import PriceTable
+    from ledger.store.pools import PoolRules
 
 DEFAULT_DATABASE_URL = "sqlite:///ledger.db"
 
@@ -23,11 +24,12 @@ class SettingsError(ValueError):
     """A setting has a value the ledger cannot run with; the message is one line."""
 
 
-def parse_pool_limits(raw: str) -> dict[str, int]:
+def parse_pool_limits(raw: str, variable: str = "LEDGER_POOL_LIMITS") -> dict[str, int]:
     """Parse `openai:gpt-4o-mini=4,anthropic:claude-sonnet=8` into {pool key: limit}.
 
     Keys are normalised with the same rules as request endpoints, so an operator
     can write the limit for `http://host:8080/v1` the way they wrote the URL.
+    The same form serves LEDGER_POOL_RPM and LEDGER_POOL_TPM (`variable` names it in errors).
     """
     from ledger.pools import normalize_endpoint
 
@@ -37,13 +39,13 @@ def parse_pool_limits(raw: str) -> dict[str, int]:
             continue
         key, sep, value = item.rpartition("=")
         if not sep or not key.strip():
-            raise ValueError(f"LEDGER_POOL_LIMITS item {item!r} is not ENDPOINT=LIMIT")
+            raise ValueError(f"{variable} item {item!r} is not ENDPOINT=LIMIT")
         try:
             limit = int(value)
         except ValueError:
-            raise ValueError(f"LEDGER_POOL_LIMITS item {item!r}: limit {value!r} is not an integer") from None
+            raise ValueError(f"{variable} item {item!r}: limit {value!r} is not an integer") from None
         if limit < 1:
-            raise ValueError(f"LEDGER_POOL_LIMITS item {item!r}: limit must be >= 1, got {limit}")
+            raise ValueError(f"{variable} item {item!r}: limit must be >= 1, got {limit}")
         limits[normalize_endpoint(key.strip())] = limit
     return limits
 
@@ -73,6 +75,13 @@ class Settings(BaseSettings):
     pool_limits_raw: str = Field(default="", alias="LEDGER_POOL_LIMITS")
     default_pool_limit: int | None = Field(default=None, alias="LEDGER_DEFAULT_POOL_LIMIT", ge=1)
     pool_probe_seconds: float = Field(default=60.0, alias="LEDGER_POOL_PROBE_SECONDS", ge=0)
+    # Requests / tokens per minute per pool, across every daemon (same form as LEDGER_POOL_LIMITS).
+    pool_rpm_raw: str = Field(default="", alias="LEDGER_POOL_RPM")
+    pool_tpm_raw: str = Field(default="", alias="LEDGER_POOL_TPM")
+    # A pool never seen before opens one call per claim until it has shown it serves its limit.
+    pool_slow_start: bool = Field(default=True, alias="LEDGER_POOL_SLOW_START")
+    # For tests only: the length of the RPM/TPM "minute", so a test need not wait minutes.
+    rate_window_seconds: float = Field(default=60.0, alias="LEDGER_RATE_WINDOW_SECONDS", gt=0)
     lease_seconds: float = Field(default=30.0, alias="LEDGER_LEASE_SECONDS", gt=0)
     poll_interval: float = Field(default=0.5, alias="LEDGER_POLL_INTERVAL", gt=0)
     shutdown_grace: float = Field(default=10.0, alias="LEDGER_SHUTDOWN_GRACE", ge=0)
@@ -119,6 +128,18 @@ class Settings(BaseSettings):
         parse_pool_limits(value)
         return value
 
+    @field_validator("pool_rpm_raw")
+    @classmethod
+    def _check_pool_rpm(cls, value: str) -> str:
+        parse_pool_limits(value, "LEDGER_POOL_RPM")
+        return value
+
+    @field_validator("pool_tpm_raw")
+    @classmethod
+    def _check_pool_tpm(cls, value: str) -> str:
+        parse_pool_limits(value, "LEDGER_POOL_TPM")
+        return value
+
     @field_validator("prices_file")
     @classmethod
     def _check_prices_file(cls, value: str | None) -> str | None:
@@ -144,6 +165,18 @@ class Settings(BaseSettings):
     @cached_property
     def pool_limits(self) -> dict[str, int]:
         return parse_pool_limits(self.pool_limits_raw)
+
+    @cached_property
+    def pool_rules(self) -> PoolRules:
+        """What the claim enforces per pool beyond its slots: RPM/TPM caps and slow start."""
+        from ledger.store.pools import PoolRules
+
+        return PoolRules(
+            rpm=parse_pool_limits(self.pool_rpm_raw, "LEDGER_POOL_RPM"),
+            tpm=parse_pool_limits(self.pool_tpm_raw, "LEDGER_POOL_TPM"),
+            window_s=self.rate_window_seconds,
+            slow_start=self.pool_slow_start,
+        )
 
     def pool_limit(self, endpoint: str) -> int:
         """A pool's own limit; never above the global one, which caps the sum anyway."""

@@ -2,9 +2,10 @@
 
 The real `openai` and `anthropic` SDKs talk to it unchanged, so tests, the demo
 and the benchmarks exercise the whole path. It simulates latency, a concurrency
-cap and a requests-per-minute limit (both answered with 429 + retry-after),
-random faults, and deterministic per-prompt faults via `[[mock:...]]`
-directives in the prompt text:
+cap and a requests-per-minute limit (both answered with 429 + retry-after; with
+`--rpm`, every answer carries the provider's rate-limit headers: requests remaining
+and when the window has room again), random faults, and deterministic per-prompt
+faults via `[[mock:...]]` directives in the prompt text:
 
     [[mock:fail=503x2]]   the first 2 calls of this prompt get 503 (`x*`: every call)
     [[mock:fail=429]]     429 with retry-after `[[mock:retry_after=S]]` (default 1 s)
@@ -39,6 +40,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -69,6 +71,7 @@ class MockProviderConfig:
     max_concurrency: int | None = None
     concurrency_retry_after: float = 1.0
     rpm: int | None = None
+    rpm_window: float = 60.0  # seconds the `rpm` cap counts over (tests shorten it)
     fault_rates: dict[str, float] = field(default_factory=dict)
     seed: int = 0
     hang_seconds: float = 60.0
@@ -102,6 +105,8 @@ class MockProviderServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._recent: deque[float] = deque()
+        self._first_call: float | None = None
+        self._last_answer: float | None = None
         self.batches.reset()
 
     def stats(self) -> dict[str, Any]:
@@ -111,6 +116,8 @@ class MockProviderServer:
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "per_prompt": dict(self.per_prompt),
+            # From the first model call received to the last answer sent: the provider's busy span.
+            "busy_seconds": (self._last_answer - self._first_call) if self._first_call and self._last_answer else 0.0,
             **self.batches.stats(),
         }
 
@@ -264,33 +271,70 @@ class MockProviderServer:
         key = prompt_key(system, messages)
         self.calls += 1
         self.per_prompt[key] += 1
+        if self._first_call is None:
+            self._first_call = time.monotonic()
         if self.config.max_concurrency is not None and self.in_flight >= self.config.max_concurrency:
-            return self._count(rate_limited(wire, self.config.concurrency_retry_after, "too many requests in flight"))
+            reply = rate_limited(wire, self.config.concurrency_retry_after, "too many requests in flight")
+            return self._count(self._with_rate_headers(wire, reply))
         limited = self._over_rpm()
         if limited is not None:
-            return self._count(rate_limited(wire, limited, "requests per minute exceeded"))
+            reply = rate_limited(wire, limited, "requests per minute exceeded")
+            return self._count(self._with_rate_headers(wire, reply))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             reply = await self._answer(wire, payload, system, messages, key, stream, conn)
         finally:
             self.in_flight -= 1
-        return self._count(reply)
+        return self._count(self._with_rate_headers(wire, reply))
 
     def _count(self, reply: Reply) -> Reply:
         self.status_counts[str(reply.status)] += 1
+        self._last_answer = time.monotonic()
         return reply
 
     def _over_rpm(self) -> float | None:
+        """Seconds until the window has room (a 429), or None: this call is counted and goes on."""
         if self.config.rpm is None:
             return None
-        now = time.monotonic()
-        while self._recent and now - self._recent[0] >= 60:
-            self._recent.popleft()
+        now = self._window_now()
         if len(self._recent) >= self.config.rpm:
-            return max(0.05, 60 - (now - self._recent[0]))
+            return max(0.05, self.config.rpm_window - (now - self._recent[0]))
         self._recent.append(now)
         return None
+
+    def _window_now(self) -> float:
+        now = time.monotonic()
+        while self._recent and now - self._recent[0] >= self.config.rpm_window:
+            self._recent.popleft()
+        return now
+
+    def _with_rate_headers(self, wire: str, reply: Reply) -> Reply:
+        """With an `rpm` cap, every answer says what is left of the window as of when it is sent,
+        and when the window is whole again (every counted request out of it), the way each
+        provider says it (OpenAI: a duration; Anthropic: the moment). A 429's retry-after says
+        when one request gets through again."""
+        rpm = self.config.rpm
+        if rpm is None:
+            return reply
+        now = self._window_now()
+        remaining = max(rpm - len(self._recent), 0)
+        reset = self.config.rpm_window - (now - self._recent[-1]) if self._recent else 0.0
+        if wire == "openai":
+            headers = [
+                ("x-ratelimit-limit-requests", str(rpm)),
+                ("x-ratelimit-remaining-requests", str(remaining)),
+                ("x-ratelimit-reset-requests", f"{reset:.3f}s"),
+            ]
+        else:
+            at = datetime.now(UTC) + timedelta(seconds=reset)
+            headers = [
+                ("anthropic-ratelimit-requests-limit", str(rpm)),
+                ("anthropic-ratelimit-requests-remaining", str(remaining)),
+                ("anthropic-ratelimit-requests-reset", at.isoformat(timespec="milliseconds").replace("+00:00", "Z")),
+            ]
+        reply.headers = [*reply.headers, *headers]
+        return reply
 
     async def _answer(
         self,
@@ -393,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=0.0)
     parser.add_argument("--jitter", type=float, default=0.0)
     parser.add_argument("--max-concurrency", type=int, default=None)
-    parser.add_argument("--rpm", type=int, default=None)
+    parser.add_argument("--rpm", type=int, default=None, help="requests per window; answers say what is left")
+    parser.add_argument("--rpm-window", type=float, default=60.0, help="seconds the --rpm cap counts over")
     parser.add_argument("--fault-rate", action="append", default=[])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-latency", type=float, default=0.5, help="seconds a batch stays in progress")
@@ -416,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         jitter=args.jitter,
         max_concurrency=args.max_concurrency,
         rpm=args.rpm,
+        rpm_window=args.rpm_window,
         fault_rates=faults,
         seed=args.seed,
         batch_latency=args.batch_latency,

@@ -88,7 +88,7 @@ _CLAIM_STATE = union_all(
 )
 # Due rows in claim order, leaving out full and cooling pools (an empty list leaves out none).
 _CANDIDATES = (
-    select(_c.id, _c.endpoint, _c.job_id, _c.estimate_usd)
+    select(_c.id, _c.endpoint, _c.job_id, _c.estimate_usd, _c.token_estimate)
     .where(
         _c.status == QUEUED,
         _c.delivery == Delivery.ONLINE.value,
@@ -144,8 +144,12 @@ class ClaimQueries:
     dialect: Dialect
     # Pools with a learned limit as of this process's last claim: only their successes are counted.
     learning: set[str] = set()  # noqa: RUF012 - replaced, never mutated
+    # Pools held to what the provider's headers allowed, as of this process's last claim.
+    windowed: set[str] = set()  # noqa: RUF012 - replaced, never mutated
     # How long a learned limit stands before one more slot is tried (LEDGER_POOL_PROBE_SECONDS).
     pool_probe_seconds: float = 60.0
+    # RPM/TPM caps and slow start (LEDGER_POOL_RPM, _TPM, _SLOW_START; the daemon sets them).
+    pool_rules: pool_state.PoolRules = pool_state.NO_RULES
     # Job id -> its own budget (None: none): fixed when the job is staged, so looked up once (Store sets it).
     job_caps: dict[str, float | None]
 
@@ -194,23 +198,17 @@ class ClaimQueries:
         free_total = min(global_limit - total, max_claims, share - state[_MINE])
         if free_total <= 0:
             return Claim([], total, reclaimed)
-        cooling, learned = pool_state.read_state(conn, pool_limit)
-        self.learning = set(learned)
-
-        def limit_of(endpoint: str) -> int:
-            return min(pool_limit(endpoint), learned.get(endpoint, global_limit))
-
-        full = sorted({ep for ep, n in in_flight.items() if n >= limit_of(ep)} | cooling)
-        candidates = conn.execute(self._candidates, {"b_full": full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
+        # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py).
+        room = pool_state.PoolRoom.read(conn, in_flight, pool_limit, global_limit, self.pool_rules)
+        self.learning, self.windowed = set(room.learned), set(room.allowed)
+        candidates = conn.execute(self._candidates, {"b_full": room.full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
         picked: list[int] = []
-        taken: dict[str, int] = {}
         rows = list(candidates)
         budget = Budget.read(conn, daily_budget, rows, self.job_caps)
         for row in rows:
-            used = in_flight.get(row.endpoint, 0) + taken.get(row.endpoint, 0)
-            if used < limit_of(row.endpoint) and budget.reserve(row.job_id, row.estimate_usd):
+            if room.fits(row.endpoint, row.token_estimate) and budget.reserve(row.job_id, row.estimate_usd):
+                room.take(row.id, row.endpoint, row.token_estimate)
                 picked.append(row.id)
-                taken[row.endpoint] = taken.get(row.endpoint, 0) + 1
                 if len(picked) == free_total:
                     break
         if not picked:
@@ -236,7 +234,8 @@ class ClaimQueries:
         )
         claimed = [to_claimed(r) for r in took]
         order = {request_id: i for i, request_id in enumerate(picked)}
-        return Claim(sorted(claimed, key=lambda r: order[r.id]), total + len(claimed), reclaimed, leased_at)
+        ramping = room.started(conn, self.dialect, claimed)
+        return Claim(sorted(claimed, key=lambda r: order[r.id]), total + len(claimed), reclaimed, leased_at, ramping)
 
     def _reclaim_expired(self, conn: Connection, max_attempts: int) -> list[ClaimedRequest]:
         """End the leases of dead workers: back to the queue, or canceled / spent (see `_end_leases`)."""

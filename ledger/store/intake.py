@@ -48,6 +48,7 @@ ROW_COLUMNS = (
     "priority",
     "trace",
     "estimate_usd",
+    "token_estimate",
 )
 _KNOWN = select(requests.c.id, requests.c.idempotency_key, requests.c.body_hash).where(
     requests.c.idempotency_key.in_(bindparam("b_keys", expanding=True))

@@ -1,83 +1,435 @@
-"""Shared endpoint-pool state: 429 cooldowns and the learned (adaptive) limit.
+"""Shared endpoint-pool state: what each pool may start now, and what its answers taught it.
 
 Every daemon reads this in its claim transaction, so what one process learns
 about an endpoint holds back all of them:
-- a 429 with `retry-after` cools the whole pool down until then;
-- every retryable 429 lowers the pool's *learned limit* by one, starting from
-  the number of its requests in flight, so a pool configured above what the
-  provider really serves converges to what it serves instead of collecting 429s;
-- `PROBE_ROUNDS x learned_limit` successes in a row, and at least `probe_seconds`
-  since the limit last changed, raise it by one again, until it reaches the
-  configured limit and is dropped (additive increase). Probing is rare on purpose:
-  a probe that finds the ceiling costs a whole-pool cooldown (the 429's
-  retry-after), so probing every few rounds would halve the pool's throughput.
-Called only from `Store` methods, inside their transactions.
+- **Learned limit, in one step.** A retryable 429 says the provider serves at most
+  what the pool had in flight when it refused the call: the recording daemon's other
+  calls out then (counted by its executor, `RetryLater.calls_out`) plus the other
+  daemons' calls at the provider (their open attempts). The learned limit drops to
+  that at once (never raised by it), once per group (the smallest count), so a burst
+  of 429s from one overshoot is one lesson, not one slot each. A 429 with nothing else
+  in flight says nothing about concurrency: its retry-after cools the pool down instead.
+- **The provider's window.** An answer's rate-limit headers say how many requests the
+  provider's window still takes (and whether tokens are left). Less the calls started
+  since that answer (not counted in it yet), that is what claims may start until the
+  window is whole again (`window_left` until `window_until`, the providers' reset);
+  nothing left (or no tokens) cools the pool down until a call can succeed again, and
+  then lets one call go, whose answer says how much room there is: the pool slows down
+  before the 429, not after. A 429 saying so is not a lesson about concurrency.
+- **Probing back up** (additive increase): `PROBE_ROUNDS x learned_limit` successes
+  in a row, and at least `probe_seconds` since the limit last changed, raise it by
+  one, until it reaches the configured limit and is dropped. Rare on purpose: a probe
+  that finds the ceiling costs a 429.
+- **Slow start.** With `PoolRules.slow_start` (the daemon's default), a claim refills a
+  pool up to the most it has had in flight (`peak`, durable) and opens one slot more
+  only when all of those are busy; the claimer then waits `RAMP_PACE_S` before its next
+  claim. A 429 comes back within milliseconds while an accepted call takes its whole
+  latency, so the first 429 stops the ramp after an overshoot of one or two instead of
+  a whole burst. Once the peak reaches the pool's limit this costs nothing.
+- **RPM / TPM caps** (`PoolRules`): calls started in a capped pool are logged in
+  `llm_pool_calls` with their token estimate (settled with the reported usage), and a
+  claim admits no more than the caps allow over the last `window_s` seconds, across
+  every daemon. A pool at its cap counts as full for that claim; other pools go on.
+Called only from `Store` methods, inside their transactions (the claim lock held).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import case, func, or_, select, update
+from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
-from ledger.models import LlmPool, LlmRequest, RequestStatus
+from ledger.models import AttemptOutcome, LlmAttempt, LlmPool, LlmPoolCall, LlmRequest, RequestStatus
+from ledger.prices import DEFAULT_MAX_OUTPUT_TOKENS
 from ledger.store.dialect import Dialect, db_now, db_now_plus
+from ledger.store.rows import ClaimedRequest, Completed, Outcome, PoolWindow, RetryLater
 
 # Rounds of full-limit successes before trying one more slot.
 PROBE_ROUNDS = 10
+# Slow start: after a claim that opened a pool's next slot, the claimer waits this long before
+# claiming again, so that a refusal of that call (back within milliseconds from a nearby
+# provider) is recorded before the next slot opens. 16 slots ramp in a quarter second, once.
+RAMP_PACE_S = 0.015
 
 pools = LlmPool.__table__  # type: ignore[attr-defined]
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
+attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
+calls = LlmPoolCall.__table__  # type: ignore[attr-defined]
 
-_STATE = select(pools.c.endpoint, pools.c.cooldown_until > db_now(), pools.c.learned_limit).where(
-    or_(pools.c.cooldown_until > db_now(), pools.c.learned_limit.is_not(None))
+
+@dataclass(frozen=True)
+class PoolRules:
+    """What a claim enforces per pool beyond its slots (settings: LEDGER_POOL_RPM / _TPM / _SLOW_START)."""
+
+    rpm: Mapping[str, int] = field(default_factory=dict)
+    tpm: Mapping[str, int] = field(default_factory=dict)
+    window_s: float = 60.0  # the "minute" (LEDGER_RATE_WINDOW_SECONDS, for tests only)
+    slow_start: bool = False
+
+    @property
+    def rated(self) -> list[str]:
+        return sorted(set(self.rpm) | set(self.tpm))
+
+
+NO_RULES = PoolRules()
+
+_STATE = select(
+    pools.c.endpoint,
+    pools.c.cooldown_until > db_now(),
+    pools.c.learned_limit,
+    pools.c.peak,
+    case((pools.c.window_until > db_now(), pools.c.window_left), else_=None),
+)
+_WINDOW_USE = (
+    select(calls.c.endpoint, func.count(), func.coalesce(func.sum(calls.c.tokens), 0))
+    .where(
+        calls.c.endpoint.in_(bindparam("b_pools", expanding=True)),
+        calls.c.started_at > db_now_plus(bindparam("b_since")),
+    )
+    .group_by(calls.c.endpoint)
 )
 
 
-def read_state(conn: Connection, configured: Callable[[str], int]) -> tuple[set[str], dict[str, int]]:
-    """(pools cooling down, effective learned limits); learned limits that grew back are dropped."""
-    cooling: set[str] = set()
-    learned: dict[str, int] = {}
+@dataclass
+class PoolRoom:
+    """How much each pool may still start in this claim: slots (configured, learned, slow start)
+    and its RPM / TPM window. `fits` then `take`, candidate by candidate."""
+
+    in_flight: dict[str, int]
+    pool_limit: Callable[[str], int]
+    global_limit: int
+    rules: PoolRules
+    cooling: set[str]
+    learned: dict[str, int]
+    peaks: dict[str, int]
+    window: dict[str, tuple[int, int]]  # rated pool -> (calls, tokens) in the window
+    allowed: dict[str, int]  # pool -> calls the provider's headers still allow in its window
+    taken: dict[str, int] = field(default_factory=dict)
+    taken_tokens: dict[str, int] = field(default_factory=dict)
+    estimates: dict[int, int] = field(default_factory=dict)  # request id -> tokens reserved
+
+    @classmethod
+    def read(
+        cls,
+        conn: Connection,
+        in_flight: dict[str, int],
+        pool_limit: Callable[[str], int],
+        global_limit: int,
+        rules: PoolRules,
+    ) -> PoolRoom:
+        state = read_state(conn, pool_limit)
+        window: dict[str, tuple[int, int]] = {}
+        if rules.rated:
+            params = {"b_pools": rules.rated, "b_since": -rules.window_s}
+            window = {ep: (int(n), int(t)) for ep, n, t in conn.execute(_WINDOW_USE, params)}
+        return cls(
+            in_flight, pool_limit, global_limit, rules, state.cooling, state.learned, state.peaks, window, state.allowed
+        )
+
+    def limit(self, endpoint: str) -> int:
+        """The pool's slots: configured, lowered by what it learned, opened one at a time in slow start."""
+        limit = min(self.pool_limit(endpoint), self.learned.get(endpoint, self.global_limit))
+        peak = self.peaks.get(endpoint, 0)
+        if self.rules.slow_start and peak < limit:
+            # Refill up to the peak; one more only when every slot up to it is busy (then it is proven).
+            return min(limit, peak + 1 if self.in_flight.get(endpoint, 0) >= peak else peak)
+        return limit
+
+    @property
+    def full(self) -> list[str]:
+        """Pools this claim need not read candidates of: no slot, cooling, or their window is spent."""
+        full = {ep for ep, n in self.in_flight.items() if n >= self.limit(ep)} | self.cooling
+        full |= {ep for ep, left in self.allowed.items() if left <= 0}
+        for ep in self.rules.rated:
+            n, tokens = self.window.get(ep, (0, 0))
+            if n >= self.rules.rpm.get(ep, n + 1) or tokens >= self.rules.tpm.get(ep, tokens + 1):
+                full.add(ep)
+        return sorted(full)
+
+    def fits(self, endpoint: str, token_estimate: int | None) -> bool:
+        used = self.in_flight.get(endpoint, 0) + self.taken.get(endpoint, 0)
+        if used >= self.limit(endpoint) or self.taken.get(endpoint, 0) >= self.allowed.get(endpoint, used + 1):
+            return False
+        if endpoint not in self.rules.rpm and endpoint not in self.rules.tpm:
+            return True
+        n, tokens = self.window.get(endpoint, (0, 0))
+        n += self.taken.get(endpoint, 0)
+        tokens += self.taken_tokens.get(endpoint, 0)
+        if n >= self.rules.rpm.get(endpoint, n + 1):
+            return False
+        tpm = self.rules.tpm.get(endpoint)
+        # A call bigger than the whole cap still runs, alone in an empty window.
+        return tpm is None or tokens == 0 or tokens + _tokens(token_estimate) <= tpm
+
+    def take(self, request_id: int, endpoint: str, token_estimate: int | None) -> None:
+        self.taken[endpoint] = self.taken.get(endpoint, 0) + 1
+        if endpoint in self.rules.rpm or endpoint in self.rules.tpm:
+            self.taken_tokens[endpoint] = self.taken_tokens.get(endpoint, 0) + _tokens(token_estimate)
+            self.estimates[request_id] = _tokens(token_estimate)
+
+    def started(self, conn: Connection, dialect: Dialect, claimed: list[ClaimedRequest]) -> bool:
+        """After the claim's UPDATE: raise the peaks of pools that grew, log calls in capped pools.
+        True when a pool in slow start grew (the claimer paces its next claim)."""
+        grew = False
+        if self.rules.slow_start:
+            for ep, n in sorted(self.taken.items()):
+                now = self.in_flight.get(ep, 0) + n
+                if now > self.peaks.get(ep, 0):
+                    grew = True
+                    grown = case((pools.c.peak < now, now), else_=pools.c.peak)
+                    first = {"endpoint": ep, "peak": now}
+                    conn.execute(dialect.upsert(pools, ["endpoint"], first, {}, on_conflict={"peak": grown}))
+        for ep in sorted(set(self.taken) & set(self.allowed)):
+            conn.execute(
+                update(pools).where(pools.c.endpoint == ep).values(window_left=pools.c.window_left - self.taken[ep])
+            )
+        logged = [r for r in claimed if r.id in self.estimates]
+        if logged:
+            log_calls(conn, [(r.endpoint, r.id, r.attempt, self.estimates[r.id]) for r in logged], self.rules)
+        return grew
+
+
+def _tokens(estimate: int | None) -> int:
+    return DEFAULT_MAX_OUTPUT_TOKENS if estimate is None else int(estimate)
+
+
+def log_calls(conn: Connection, started: list[tuple[str, int, int, int]], rules: PoolRules) -> None:
+    """Calls started in capped pools (endpoint, request id, attempt, tokens); what left the window goes."""
+    conn.execute(
+        insert(calls).values(started_at=db_now()),
+        [{"endpoint": ep, "request_id": rid, "attempt": n, "tokens": t} for ep, rid, n, t in started],
+    )
+    conn.execute(
+        delete(calls).where(
+            calls.c.endpoint.in_(sorted({s[0] for s in started})),
+            calls.c.started_at < db_now_plus(-rules.window_s),
+        )
+    )
+
+
+def held_call_started(conn: Connection, request: ClaimedRequest, attempt: int, rules: PoolRules) -> None:
+    """A retry that held its slot through the back-off calls again: it counts in a capped pool's window."""
+    if request.endpoint in rules.rpm or request.endpoint in rules.tpm:
+        estimate = conn.execute(select(requests.c.token_estimate).where(requests.c.id == request.id)).scalar()
+        log_calls(conn, [(request.endpoint, request.id, attempt, _tokens(estimate))], rules)
+
+
+def window_full(conn: Connection, endpoint: str, rules: PoolRules) -> bool:
+    """A capped pool with no call left in its window (a held retry must not start one)."""
+    if endpoint not in rules.rpm and endpoint not in rules.tpm:
+        return False
+    params = {"b_pools": [endpoint], "b_since": -rules.window_s}
+    row = conn.execute(_WINDOW_USE, params).first()
+    n, tokens = (int(row[1]), int(row[2])) if row else (0, 0)
+    return n >= rules.rpm.get(endpoint, n + 1) or tokens >= rules.tpm.get(endpoint, tokens + 1)
+
+
+@dataclass
+class PoolState:
+    """`llm_pools` as a claim reads it."""
+
+    cooling: set[str] = field(default_factory=set)
+    learned: dict[str, int] = field(default_factory=dict)  # effective learned limits
+    peaks: dict[str, int] = field(default_factory=dict)
+    allowed: dict[str, int] = field(default_factory=dict)  # calls the provider's window still allows
+
+
+def read_state(conn: Connection, configured: Callable[[str], int]) -> PoolState:
+    """Every pool's state; learned limits that grew back to the configured limit are dropped."""
+    state = PoolState()
     recovered: list[str] = []
-    for endpoint, is_cooling, limit in conn.execute(_STATE):
+    for endpoint, is_cooling, limit, peak, allowed in conn.execute(_STATE):
+        state.peaks[endpoint] = int(peak)
         if is_cooling:
-            cooling.add(endpoint)
+            state.cooling.add(endpoint)
+        if allowed is not None:
+            state.allowed[endpoint] = int(allowed)
         if limit is not None:
             if limit >= configured(endpoint):
                 recovered.append(endpoint)
             else:
-                learned[endpoint] = int(limit)
+                state.learned[endpoint] = int(limit)
     if recovered:
         conn.execute(update(pools).where(pools.c.endpoint.in_(recovered)).values(learned_limit=None, successes=0))
-    return cooling, learned
+    return state
 
 
-def note_rate_limited(
-    conn: Connection, dialect: Dialect, endpoint: str, count: int = 1, cooldown_s: float | None = None
+# -- what answers teach ----------------------------------------------------------------
+
+
+@dataclass
+class _Heard:
+    """One pool's outcomes in a group: its 429s, successes, and what its headers said."""
+
+    rate_limited: int = 0
+    retry_after: float | None = None
+    # The fewest calls the recording daemon had out when one of these 429s came, and that 429.
+    calls_out: tuple[int, int, int] | None = None  # (calls, request id, attempt)
+    completed: int = 0
+    remaining: int | None = None
+    reset_s: float = 0.0
+    answered_at: float = 0.0  # of the answer that said `remaining` (time.monotonic(), 0: unknown)
+    settle: list[dict[str, Any]] = field(default_factory=list)
+
+    def window(self, w: PoolWindow) -> None:
+        """The tightest window heard in the group wins."""
+        if self.remaining is None or w.remaining < self.remaining:
+            self.remaining, self.reset_s, self.answered_at = w.remaining, w.reset_s, w.answered_at
+        elif w.remaining == self.remaining:
+            self.reset_s = max(self.reset_s, w.reset_s)
+            self.answered_at = min(self.answered_at, w.answered_at)
+
+
+def note_outcomes(
+    conn: Connection, dialect: Dialect, outcomes: Iterable[Outcome], rules: PoolRules, windowed: Collection[str] = ()
 ) -> None:
-    """`count` 429s from `endpoint`: lower its learned limit by that many; cool it down if told how long.
+    """What a group of outcomes says about their pools: windows spent, limits learned, tokens used.
 
-    One statement, read and write together: two daemons noting a 429 at the same
-    moment each take their decrement (a read followed by a write would lose one).
-    A pool with no learned limit yet starts from the requests it has in flight.
+    Every 429 counts, whatever became of its row: it is what the provider said about the pool.
+    `windowed`: pools held to a window the headers announced (the last claim saw them); only
+    theirs is cleared when an answer says the window has room enough again.
     """
-    running = _running_in_sql(endpoint)
-    lowered = _at_least_one(func.coalesce(pools.c.learned_limit, running) - count)
+    heard: dict[str, _Heard] = {}
+    for o in outcomes:
+        if not isinstance(o, Completed | RetryLater):
+            continue
+        h = heard.setdefault(o.request.endpoint, _Heard())
+        if o.window is not None:
+            h.window(o.window)
+        rated = o.request.endpoint in rules.rpm or o.request.endpoint in rules.tpm
+        if isinstance(o, Completed):
+            h.completed += 1
+            if rated and (o.input_tokens is not None or o.output_tokens is not None):
+                used = (o.input_tokens or 0) + (o.output_tokens or 0)
+                h.settle.append({"b_id": o.request.id, "b_attempt": o.attempt, "b_tokens": used})
+        elif o.failure.status_code == 429:
+            h.rate_limited += 1
+            if o.calls_out is not None and (h.calls_out is None or o.calls_out < h.calls_out[0]):
+                h.calls_out = (o.calls_out, o.request.id, o.attempt)
+            asked = [x for x in (h.retry_after, o.pool_cooldown_s) if x]
+            h.retry_after = max(asked) if asked else None
+            if rated:  # refused: the provider used no tokens on it
+                h.settle.append({"b_id": o.request.id, "b_attempt": o.attempt, "b_tokens": 0})
+    for endpoint, h in sorted(heard.items()):
+        _note_pool(conn, dialect, endpoint, h, endpoint in windowed)
+    settle = [s for h in heard.values() for s in h.settle]
+    if settle:
+        conn.execute(_SETTLE, settle)
+
+
+_SETTLE = (
+    update(calls)
+    .where(calls.c.request_id == bindparam("b_id"), calls.c.attempt == bindparam("b_attempt"))
+    .values(tokens=bindparam("b_tokens"))
+)
+
+
+# How long before its answer a call may have been sent and still not reached the provider.
+_IN_TRANSIT_S = 0.05
+# The most calls a pool can have in flight (MAX_CONCURRENT_LLM_CALLS is at most 50): a window
+# with more left than that has room for all of them, without counting.
+_MOST_CALLS = 50
+
+
+def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard, windowed: bool) -> None:
+    """What the provider's window has left: less the calls started since it answered (not
+    counted there yet), that is what claims may start until the window is whole again
+    (`window_left` until `window_until`); nothing left cools the pool down until a call can
+    succeed again (a 429's retry-after, else the reset), then lets one call go, whose answer
+    says how much room there is. Otherwise a 429 teaches the pool its limit."""
+    left = h.remaining
+    if left is not None and 0 < left <= _MOST_CALLS:
+        left -= calls_started_since(conn, endpoint, h.answered_at)
+    if left is not None and left <= 0:  # no room: wait for it, every daemon
+        wait = h.retry_after if h.rate_limited and h.retry_after else h.reset_s
+        if wait:
+            cool_down(conn, dialect, endpoint, wait)
+        if h.reset_s > (wait or 0):
+            values = {"window_left": 1, "window_until": db_now_plus(h.reset_s)}
+            conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
+        return
+    if left is not None and left <= _MOST_CALLS and h.reset_s > 0:
+        values = {"window_left": left, "window_until": db_now_plus(h.reset_s)}
+        conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
+    elif left is not None and windowed:  # room enough again: what an earlier answer allowed no longer holds back
+        open_window = and_(pools.c.endpoint == endpoint, pools.c.window_until.is_not(None))
+        conn.execute(update(pools).where(open_window).values(window_left=None, window_until=None))
+    if not h.rate_limited:
+        return
+    if h.calls_out is not None:  # ours, counted when the 429 came; the other daemons', as the database knows them
+        calls, request_id, attempt = h.calls_out
+        in_flight = calls + calling_elsewhere(conn, endpoint, request_id, attempt)
+    else:  # not counted (a caller of the store's own): the calls still open, and those answered with it
+        in_flight = calling(conn, endpoint) + h.completed
+    if in_flight == 0:  # alone at the provider and refused: a window, not concurrency
+        if h.retry_after:
+            cool_down(conn, dialect, endpoint, h.retry_after)
+        return
+    learn_limit(conn, dialect, endpoint, in_flight)
+
+
+def learn_limit(conn: Connection, dialect: Dialect, endpoint: str, at_most: int) -> None:
+    """The provider serves at most `at_most` calls of this pool at once: the learned limit drops to
+    that (never rises by it). One statement: two daemons' lessons both hold (the lower wins)."""
+    known = pools.c.learned_limit
+    lowered = case((or_(known.is_(None), known > at_most), at_most), else_=known)
     values: dict[str, Any] = {"successes": 0, "updated_at": db_now()}
-    first: dict[str, Any] = {"endpoint": endpoint, "learned_limit": _at_least_one(running - count)}
-    on_conflict: dict[str, Any] = {"learned_limit": lowered}
-    if cooldown_s:
-        until = db_now_plus(cooldown_s)
-        first["cooldown_until"] = until
-        # A shorter retry-after seen by another daemon never cuts a longer cooldown short.
-        on_conflict["cooldown_until"] = case((pools.c.cooldown_until > until, pools.c.cooldown_until), else_=until)
-    conn.execute(dialect.upsert(pools, ["endpoint"], first, values, on_conflict=on_conflict))
+    first = {"endpoint": endpoint, "learned_limit": at_most}
+    conn.execute(dialect.upsert(pools, ["endpoint"], first, values, on_conflict={"learned_limit": lowered}))
 
 
-def _at_least_one(expr: Any) -> Any:
-    return case((expr < 1, 1), else_=expr)
+def cool_down(conn: Connection, dialect: Dialect, endpoint: str, seconds: float) -> None:
+    """No claim of this pool, by any daemon, for `seconds`; a shorter wait never cuts a longer one short."""
+    until = db_now_plus(seconds)
+    later = case((pools.c.cooldown_until > until, pools.c.cooldown_until), else_=until)
+    first = {"endpoint": endpoint, "cooldown_until": until}
+    conn.execute(
+        dialect.upsert(pools, ["endpoint"], first, {"updated_at": db_now()}, on_conflict={"cooldown_until": later})
+    )
+
+
+_CALLING = (
+    select(func.count())
+    .select_from(
+        requests.join(attempts, and_(attempts.c.request_id == requests.c.id, attempts.c.attempt == requests.c.attempts))
+    )
+    .where(
+        requests.c.endpoint == bindparam("b_endpoint"),
+        requests.c.status == RequestStatus.RUNNING.value,
+        attempts.c.outcome == AttemptOutcome.RUNNING.value,
+    )
+)
+
+
+def calls_started_since(conn: Connection, endpoint: str, answered_at: float) -> int:
+    """The pool's calls out (every daemon's) started since an answer came (`time.monotonic()`;
+    0: unknown, then every call out counts): the provider had not counted them in it."""
+    if not answered_at:
+        return calling(conn, endpoint)
+    since = max(time.monotonic() - answered_at, 0.0) + _IN_TRANSIT_S
+    query = _CALLING.where(attempts.c.started_at > db_now_plus(bindparam("b_ago")))
+    return int(conn.execute(query, {"b_endpoint": endpoint, "b_ago": -since}).scalar_one())
+
+
+def calling(conn: Connection, endpoint: str) -> int:
+    """The pool's calls at the provider now, every daemon's: running rows with an open attempt
+    (a retry sleeping through its back-off holds a slot but calls nobody)."""
+    return int(conn.execute(_CALLING, {"b_endpoint": endpoint}).scalar_one())
+
+
+def calling_elsewhere(conn: Connection, endpoint: str, request_id: int, attempt: int) -> int:
+    """The pool's calls at the provider now from daemons other than the one that made this attempt."""
+    made_by = (
+        select(attempts.c.worker)
+        .where(attempts.c.request_id == request_id, attempts.c.attempt == attempt)
+        .scalar_subquery()
+    )
+    query = _CALLING.where(attempts.c.worker != made_by)
+    return int(conn.execute(query, {"b_endpoint": endpoint}).scalar_one())
 
 
 def _running_in_sql(endpoint: str) -> Any:

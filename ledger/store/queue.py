@@ -294,8 +294,7 @@ class QueueQueries(ClaimQueries):
                 written = [Written.APPLIED] * len(outcomes)
             else:
                 written = self._sort_out(conn, outcomes)
-            for endpoint, (count, cooldown) in sorted(_rate_limited(outcomes).items()):
-                pool_state.note_rate_limited(conn, self.dialect, endpoint, count, cooldown)
+            pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
             succeeded = [
                 o.request.endpoint
                 for o, w in zip(outcomes, written, strict=True)
@@ -339,18 +338,22 @@ class QueueQueries(ClaimQueries):
         """After a held back-off: count the next attempt durably before making it.
 
         The slot is given back instead (`yielded`) when the pool is now over its
-        learned limit: requests that waited out a 429 must not all retry at once
+        learned limit, or its RPM/TPM window is full: requests that waited out a 429 must not all retry at once
         into an endpoint that has just shown it serves fewer. A cancel that came
         during the back-off ends the request here (`canceled`). `number` is None
         in those cases, and when the row is no longer ours (taken over while we slept).
         """
         with transaction(self.engine, self.dialect) as conn:
-            if pool_state.over_learned_limit(conn, request.endpoint):
+            rules = self.pool_rules
+            if pool_state.over_learned_limit(conn, request.endpoint) or pool_state.window_full(
+                conn, request.endpoint, rules
+            ):
                 if self._give_back(conn, request):
                     return NextAttempt(None, self._active(conn), time.time(), yielded=True)
             else:
                 number = self._count_attempt(conn, request)
                 if number is not None:
+                    pool_state.held_call_started(conn, request, number, rules)
                     return NextAttempt(number, 0, 0.0)
             # Not live under this lease any more: a cancel waiting for it ends it here, else it was taken over.
             ended = conn.execute(
@@ -441,17 +444,3 @@ class QueueQueries(ClaimQueries):
     def _online_work(column: Any) -> Any:
         c = requests.c
         return select(column).where(c.delivery == Delivery.ONLINE.value, c.status.in_([QUEUED, RUNNING]))
-
-
-def _rate_limited(outcomes: list[Outcome]) -> dict[str, tuple[int, float | None]]:
-    """Per endpoint that answered 429 in this group: how many 429s, and the longest cooldown asked for.
-
-    Every 429 counts, whatever became of its row: it is what the provider said about the pool.
-    """
-    found: dict[str, tuple[int, float | None]] = {}
-    for o in outcomes:
-        if isinstance(o, RetryLater) and o.failure.status_code == 429:
-            count, cooldown = found.get(o.request.endpoint, (0, None))
-            asked = [x for x in (cooldown, o.pool_cooldown_s) if x]
-            found[o.request.endpoint] = (count + 1, max(asked) if asked else None)
-    return found

@@ -55,6 +55,8 @@ class Claim:
     reclaimed: ReleasedRows = field(default=NOTHING_RELEASED)
     # time.monotonic() just before the leases were written: they run a full lease from no earlier.
     leased_at: float = 0.0
+    # A pool in slow start grew by this claim: the claimer paces its next claim (pools.RAMP_PACE_S).
+    ramping: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,18 @@ class AttemptFailure:
     error_code: str
     message: str
     latency_ms: int
+
+
+@dataclass(frozen=True)
+class PoolWindow:
+    """What the provider's rate-limit headers said about its window with an answer: calls it
+    will still start (0: spent) and seconds until it is whole again (capped by the caller).
+    `answered_at` (time.monotonic(), 0: unknown): when the answer came; calls started since
+    may not be counted in `remaining` yet."""
+
+    remaining: int
+    reset_s: float
+    answered_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,7 @@ class Completed:
     output_tokens: int | None = None
     status_code: int = 200
     cost_usd: float | None = None  # from the price table; None for a model it does not know
+    window: PoolWindow | None = None  # the provider's rate-limit headers, when it sent any
 
 
 @dataclass(frozen=True)
@@ -95,7 +110,8 @@ class RetryLater:
 
     `hold_slot` keeps the row claimed through the back-off (seed 002); otherwise
     the row goes back to the queue (a timeout releases its slot, FR-008).
-    `pool_cooldown_s` puts the whole endpoint pool in cooldown (429 with retry-after).
+    `pool_cooldown_s`: a 429's retry-after; `window`: its rate-limit headers. What the pool
+    learns from a 429 is decided by the store (`pools.note_outcomes`).
     """
 
     request: ClaimedRequest
@@ -104,6 +120,8 @@ class RetryLater:
     delay_s: float
     hold_slot: bool = True
     pool_cooldown_s: float | None = None
+    window: PoolWindow | None = None
+    calls_out: int | None = None  # a 429: this daemon's other calls to the pool out when it came
 
 
 Outcome = Completed | Failed | RetryLater

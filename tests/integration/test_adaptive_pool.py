@@ -1,15 +1,22 @@
-"""The learned pool limit: 429s lower it, long runs of successes raise it back (both databases)."""
+"""The learned pool limit: a 429 lowers it in one step, long runs of successes raise it back (both databases).
+
+The daemon-level tests run a real daemon against the mock provider through the OpenAI SDK.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import anyio
 import pytest
 
+from adapters.mock_provider import mock_provider_process
+from ledger.daemon import run_daemon
 from ledger.enqueue import build_spec, to_row
+from ledger.settings import load_settings
 from ledger.store import Store
 from ledger.store.pools import PROBE_ROUNDS
-from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, RetryLater
+from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, Outcome, RetryLater
 
 RATE_LIMITED = AttemptFailure(429, "rate_limit_error", "too many in flight", 3)
 
@@ -29,9 +36,9 @@ def store(db_url: str) -> Iterator[Store]:
     s.close()
 
 
-def claim(store: Store, n: int = 8) -> list[ClaimedRequest]:
+def claim(store: Store, n: int = 8, limit: int = 8) -> list[ClaimedRequest]:
     return store.claim(
-        "w", lease_seconds=30, global_limit=8, pool_limit=lambda _: 8, max_attempts=5, max_claims=n
+        "w", lease_seconds=30, global_limit=limit, pool_limit=lambda _: limit, max_attempts=5, max_claims=n
     ).requests
 
 
@@ -39,13 +46,56 @@ def learned(store: Store) -> int | None:
     return store.pool_usage().get("mock:m", {}).get("learned_limit")
 
 
-def test_each_429_lowers_the_limit_from_what_was_in_flight(store: Store) -> None:
+def test_a_group_of_429s_is_one_lesson_from_what_was_in_flight(store: Store) -> None:
+    """Not counted by the caller: the calls still open in the database are what the provider serves."""
     held = claim(store)
     assert len(held) == 8
     store.record([RetryLater(r, 1, RATE_LIMITED, delay_s=0.0) for r in held[:5]])
     assert learned(store) == 3  # 8 in flight, 5 rejected: the provider serves 3
     store.record([Completed(r, 1, "ok", 5) for r in held[5:]])
     assert claim(store) == []  # 5 holders still occupy more than the 3 learned slots
+
+
+def test_a_429_sets_the_limit_in_one_step_to_the_calls_out_when_it_was_refused(store: Store) -> None:
+    """Refused while 5 of our calls were out: the provider serves 5, whatever else was claimed
+    since. One 429, one step to 5 (a decrement per 429 would have taken 12 - 1 = 11)."""
+    held = claim(store, 12, limit=16)
+    assert len(held) == 12
+    store.record([RetryLater(held[5], 1, RATE_LIMITED, delay_s=0.0, hold_slot=False, calls_out=5)])
+    assert learned(store) == 5
+
+
+def test_a_burst_of_429s_sets_the_limit_once_not_once_per_429(store: Store) -> None:
+    """16 sent, 8 served: the 8 refusals each counted the calls out when they came (the last one
+    8, the first 15). The limit is 8, not 16 - 8 decrements nor collapsed towards 1."""
+    held = claim(store, 16, limit=16)
+    refused: list[Outcome] = [
+        RetryLater(r, 1, RATE_LIMITED, delay_s=0.0, hold_slot=False, calls_out=15 - i) for i, r in enumerate(held[8:])
+    ]
+    store.record(refused[:3])  # the first refusals, recorded before the rest came back
+    assert learned(store) == 13  # at most the 13 still out then
+    store.record(refused[3:])
+    assert learned(store) == 8
+    assert len(claim(store, 16, limit=16)) == 0  # 8 still running: the pool is full at 8
+
+
+def test_other_daemons_calls_count_as_they_are_in_the_database(store: Store) -> None:
+    ours = claim(store, 4, limit=16)
+    theirs = store.claim(
+        "w2", lease_seconds=30, global_limit=16, pool_limit=lambda _: 16, max_attempts=5, max_claims=3
+    ).requests
+    assert len(theirs) == 3
+    store.record([RetryLater(ours[0], 1, RATE_LIMITED, delay_s=0.0, hold_slot=False, calls_out=3)])
+    assert learned(store) == 3 + 3  # our 3 other calls out, and the other daemon's 3
+
+
+def test_a_429_alone_at_the_provider_cools_the_pool_down_instead(store: Store) -> None:
+    """Nothing else in flight: no lesson about concurrency; its retry-after holds the pool."""
+    (only,) = claim(store, 1)
+    store.record([RetryLater(only, 1, RATE_LIMITED, 5.0, hold_slot=False, pool_cooldown_s=5.0, calls_out=0)])
+    assert learned(store) is None
+    assert store.pool_usage()["mock:m"]["cooldown_until"] is not None
+    assert claim(store) == []
 
 
 def test_holders_over_the_learned_limit_give_their_slot_back(store: Store) -> None:
@@ -95,3 +145,38 @@ def test_a_learned_limit_stands_for_the_probe_interval_however_many_successes(st
     learn_a_limit_of_one(store)
     succeed(store, PROBE_ROUNDS * 5)
     assert learned(store) == 1
+
+
+@pytest.mark.parametrize("cap", [4])
+def test_a_daemon_learns_the_providers_concurrency_from_its_first_429s(db_url: str, cap: int) -> None:
+    """Limit 12 against a provider serving 4: slow start stops at the first refusal, the limit is
+    learned from it in one step, and nothing more is refused afterwards."""
+    n = 40
+    with mock_provider_process("--latency", "0.1", "--max-concurrency", str(cap)) as mock:
+        settings = load_settings(
+            _env_file=None,
+            LEDGER_DATABASE_URL=db_url,
+            MAX_CONCURRENT_LLM_CALLS=12,
+            OPENAI_BASE_URL=mock.openai_base_url,
+            OPENAI_API_KEY="k",
+            RETRY_MAX_ATTEMPTS=5,
+            RETRY_INITIAL_DELAY=0.05,
+            RETRY_MAX_DELAY=1,
+        )
+        store = Store(db_url)
+        store.enqueue(
+            to_row(build_spec(model="gpt-4o-mini", idempotency_key=f"c{i}", messages=[ask(i)])) for i in range(n)
+        )
+        anyio.run(lambda: run_daemon(settings, until_idle=True, handle_signals=False))
+        stats = mock.stats()
+    usage = store.pool_usage()["openai:gpt-4o-mini"]
+    counts = store.status_counts()
+    store.close()
+    assert counts["completed"] == n
+    assert usage["learned_limit"] == cap
+    assert stats["max_in_flight"] == cap
+    assert stats["status_counts"].get("429", 0) <= 3
+
+
+def ask(i: int) -> dict[str, str]:
+    return {"role": "user", "content": f"capacity probe {i}"}

@@ -11,7 +11,7 @@ import pytest
 from ledger.enqueue import build_spec, to_row
 from ledger.store import Store
 from ledger.store.queue import CancelResult
-from ledger.store.rows import AttemptFailure, Claim, Completed, RetryLater, Written
+from ledger.store.rows import AttemptFailure, Claim, Completed, PoolWindow, RetryLater, Written
 
 
 @pytest.fixture
@@ -172,8 +172,8 @@ def test_a_shorter_retry_after_never_cuts_a_longer_cooldown_short(store: Store) 
     add(store, 2, model="limited", prefix="l")
     calls = store.claim("w", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=2)
     failure = AttemptFailure(429, "rate_limit", "slow down", 5)
-    long, short = (
-        RetryLater(r, 1, failure, delay_s=s, hold_slot=True, pool_cooldown_s=s)
+    long, short = (  # 429s whose headers say the window is spent: the whole pool waits
+        RetryLater(r, 1, failure, delay_s=s, hold_slot=True, pool_cooldown_s=s, window=PoolWindow(0, s))
         for r, s in zip(calls.requests, (30, 0.01), strict=True)
     )
     store.record([long])

@@ -228,23 +228,26 @@ def test_recording_while_a_claimer_reclaims_the_same_row_does_not_deadlock(pg_ur
     claimer.close()
 
 
-def test_two_daemons_noting_429s_at_once_each_lower_the_learned_limit(pg_url: str) -> None:
+def test_two_daemons_learning_a_limit_at_once_keep_the_lower_lesson(pg_url: str) -> None:
+    """Our 429 says "at most 3" (3 other calls in flight) while another daemon, not committed yet,
+    learned 2: the lower lesson stands, whichever commits last (never overwritten by ours)."""
     store, other = Store(pg_url), Store(pg_url)
-    add(store, 1)
-    (call,) = claim(store, "w").requests
+    add(store, 4)
+    calls = claim(store, "w", max_claims=4).requests
+    assert len(calls) == 4
     with other.engine.begin() as conn:
         conn.execute(text("INSERT INTO llm_pools (endpoint, learned_limit, successes) VALUES ('mock:m', 5, 0)"))
     with other.engine.connect() as conn:
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        # Another daemon's 429, noted but not yet committed.
-        conn.execute(text("UPDATE llm_pools SET learned_limit = learned_limit - 1 WHERE endpoint = 'mock:m'"))
+        # Another daemon's lesson, noted but not yet committed.
+        conn.execute(text("UPDATE llm_pools SET learned_limit = 2 WHERE endpoint = 'mock:m'"))
         limited = AttemptFailure(429, "rate_limit", "slow down", 2)
-        thread, box = in_thread(lambda: store.record([RetryLater(call, 1, limited, delay_s=1)]))
+        thread, box = in_thread(lambda: store.record([RetryLater(calls[0], 1, limited, delay_s=1)]))
         wait_until_blocked_by(store, pid)
         conn.commit()
     thread.join(timeout=30)
     assert box and not isinstance(box[0], Exception), box
-    assert store.pool_usage()["mock:m"]["learned_limit"] == 3  # 5, minus one 429 each
+    assert store.pool_usage()["mock:m"]["learned_limit"] == 2
     store.close()
     other.close()
 

@@ -1,0 +1,226 @@
+"""Pools slowed before the 429: providers' rate-limit headers, RPM/TPM caps, slow start (both databases).
+
+Headers are read through the real openai/anthropic SDKs from the mock provider, whose
+`--rpm` cap answers with them (remaining requests, when the window has room again).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from sqlalchemy import text
+
+from adapters.anthropic import AnthropicAdapter
+from adapters.base import CallRequest, ProviderError, reset_seconds
+from adapters.mock_provider import mock_provider_process, running_mock_provider
+from adapters.openai import OpenAIAdapter
+from ledger.daemon import run_daemon
+from ledger.enqueue import build_spec, to_row
+from ledger.settings import SettingsError, load_settings, parse_pool_limits
+from ledger.store import Store
+from ledger.store.pools import PoolRules
+from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, RetryLater
+
+POOL = "mock:m"
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    s = Store(db_url)
+    yield s
+    s.close()
+
+
+def add(store: Store, n: int, *, model: str = "m", max_tokens: int | None = None) -> None:
+    params: dict[str, Any] = {"max_tokens": max_tokens} if max_tokens else {}
+    store.enqueue(
+        to_row(
+            build_spec(
+                model=model,
+                provider="mock",
+                idempotency_key=f"{model}-{i}",
+                messages=[{"role": "user", "content": f"q{i}"}],
+                params=params,
+            )
+        )
+        for i in range(n)
+    )
+
+
+def claim(store: Store, n: int = 16) -> list[ClaimedRequest]:
+    return store.claim(
+        "w", lease_seconds=30, global_limit=16, pool_limit=lambda _: 16, max_attempts=5, max_claims=n
+    ).requests
+
+
+def poll(fetch: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fetch()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+# -- settings ------------------------------------------------------------------------------
+
+
+def test_rpm_and_tpm_are_read_like_pool_limits_and_name_their_variable() -> None:
+    settings = load_settings(
+        _env_file=None, LEDGER_POOL_RPM="openai:gpt-4o-mini=500, http://gpu:8000/v1=60", LEDGER_POOL_TPM="mock:m=9000"
+    )
+    rules = settings.pool_rules
+    assert dict(rules.rpm) == {"openai:gpt-4o-mini": 500, "http:gpu:8000": 60}
+    assert dict(rules.tpm) == {"mock:m": 9000} and rules.window_s == 60.0 and rules.slow_start
+    with pytest.raises(SettingsError, match="LEDGER_POOL_TPM item 'mock:m=lots'"):
+        load_settings(_env_file=None, LEDGER_POOL_TPM="mock:m=lots")
+    with pytest.raises(ValueError, match="LEDGER_POOL_RPM item 'x=0': limit must be >= 1"):
+        parse_pool_limits("x=0", "LEDGER_POOL_RPM")
+
+
+# -- RPM / TPM at claim time -----------------------------------------------------------------
+
+
+def test_an_rpm_cap_holds_the_pool_and_never_another_pool(store: Store) -> None:
+    store.pool_rules = PoolRules(rpm={POOL: 3}, window_s=0.5)
+    add(store, 6)
+    add(store, 2, model="other")
+    first = claim(store)
+    assert sorted(r.endpoint for r in first) == [POOL] * 3 + ["mock:other"] * 2
+    store.record([Completed(r, 1, "ok", 5, 10, 10) for r in first])
+    assert claim(store) == []  # slots free, but 3 calls already started in this window
+    started = time.monotonic()
+    again = poll(lambda: claim(store))  # the window slides: its oldest calls leave it
+    assert time.monotonic() - started > 0.3 and len(again) == 3
+
+
+def test_a_tpm_cap_reserves_the_estimate_and_settles_with_the_usage(store: Store) -> None:
+    store.pool_rules = PoolRules(tpm={POOL: 1000}, window_s=30)
+    add(store, 6, max_tokens=300)  # estimate: 300 + a few prompt bytes / 3 each
+    held = claim(store)
+    assert len(held) == 3  # 3 x ~305 fit in 1,000; a 4th does not
+    store.record([Completed(held[0], 1, "ok", 5, 10, 20)])  # used 30, not ~305
+    assert len(claim(store)) == 1  # what the settled call gave back fits one more
+    refused = AttemptFailure(429, "rate_limit", "busy", 1)
+    store.record([RetryLater(held[1], 1, refused, 0.0, hold_slot=False, calls_out=15)])
+    assert len(claim(store)) == 1  # a refused call used no tokens
+
+
+def test_a_retry_holding_its_slot_waits_for_a_full_window(store: Store) -> None:
+    store.pool_rules = PoolRules(rpm={POOL: 1}, window_s=30)
+    add(store, 1)
+    (call,) = claim(store)
+    store.record([RetryLater(call, 1, AttemptFailure(503, "http_503", "down", 1), 0.0, hold_slot=True)])
+    after = store.begin_attempt(call)
+    assert after.number is None and after.yielded  # its slot goes back; the claim waits for the window
+
+
+# -- slow start ----------------------------------------------------------------------------------
+
+
+def test_slow_start_opens_one_slot_more_when_all_are_busy(store: Store) -> None:
+    store.pool_rules = PoolRules(slow_start=True)
+    add(store, 20)
+    first = store.claim("w", lease_seconds=30, global_limit=16, pool_limit=lambda _: 16, max_attempts=5, max_claims=16)
+    assert len(first.requests) == 1 and first.ramping
+    assert len(claim(store)) == 1  # 1 busy = the peak: one more
+    store.record([Completed(first.requests[0], 1, "ok", 5)])
+    assert len(claim(store)) == 1  # 1 busy < the peak of 2: refilled only
+    assert len(claim(store)) == 1  # 2 busy: one more, peak 3
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT peak FROM llm_pools")).scalar_one() == 3
+
+
+# -- the providers' rate-limit headers -------------------------------------------------------------
+
+
+def test_reset_times_in_each_providers_format() -> None:
+    assert reset_seconds("6m0s") == 360 and reset_seconds("1s") == 1 and reset_seconds("20ms") == 0.02
+    assert reset_seconds("1h2m3.5s") == 3723.5 and reset_seconds("0.5") == 0.5
+    assert reset_seconds("2000-01-01T00:00:00Z") == 0.0  # already past
+    soon = reset_seconds(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 30)))
+    assert soon is not None and 25 < soon <= 30
+    assert reset_seconds("whenever") is None and reset_seconds(None) is None
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_adapters_surface_the_rate_limit_headers_on_answers_and_on_429s(provider: str) -> None:
+    with running_mock_provider(rpm=2, rpm_window=30) as mock:
+        adapter: Any = (
+            OpenAIAdapter(api_key="k", base_url=mock.openai_base_url)
+            if provider == "openai"
+            else AnthropicAdapter(api_key="k", base_url=mock.anthropic_base_url)
+        )
+        request = CallRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+
+        async def go() -> tuple[list[Any], ProviderError]:
+            try:
+                answers = [await adapter.call(request, timeout=5) for _ in range(2)]
+                with pytest.raises(ProviderError) as refused:
+                    await adapter.call(request, timeout=5)
+                return answers, refused.value
+            finally:
+                await adapter.aclose()
+
+        answers, refused = anyio.run(go)
+    assert [a.limits.remaining_requests for a in answers] == [1, 0]
+    assert all(0 < a.limits.reset_requests_s <= 30 for a in answers)
+    assert refused.status_code == 429 and refused.limits is not None
+    assert refused.limits.remaining_requests == 0 and refused.limits.window() is not None
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_headers_slow_the_pool_down_before_a_429(db_url: str, provider: str) -> None:
+    """The provider takes 4 requests per 1.5 s and says so in its headers; the ledger has no RPM
+    configured, 4 slots, 10 requests: it waits for the window each time, and is never refused."""
+    n, model = 10, "gpt-4o-mini" if provider == "openai" else "claude-haiku"
+    with mock_provider_process("--latency", "0.05", "--rpm", "4", "--rpm-window", "1.5") as mock:
+        settings = load_settings(
+            _env_file=None,
+            LEDGER_DATABASE_URL=db_url,
+            MAX_CONCURRENT_LLM_CALLS=4,
+            OPENAI_BASE_URL=mock.openai_base_url,
+            ANTHROPIC_BASE_URL=mock.anthropic_base_url,
+            OPENAI_API_KEY="k",
+            ANTHROPIC_API_KEY="k",
+            LEDGER_POLL_INTERVAL=0.1,
+        )
+        store = Store(db_url)
+        store.enqueue(
+            to_row(
+                build_spec(
+                    provider=provider, model=model, idempotency_key=f"h{i}", messages=[{"role": "user", "content": "x"}]
+                )
+            )
+            for i in range(n)
+        )
+        started = time.monotonic()
+        anyio.run(lambda: run_daemon(settings, until_idle=True, handle_signals=False))
+        elapsed = time.monotonic() - started
+        stats = mock.stats()
+    with store.engine.connect() as conn:
+        cooled = conn.execute(text("SELECT cooldown_until FROM llm_pools")).scalar_one()
+    counts = store.status_counts()
+    store.close()
+    assert counts["completed"] == n
+    assert stats["status_counts"] == {"200": n}  # not one 429
+    assert cooled is not None  # the window was spent and the pool waited for it
+    assert elapsed >= 2 * 1.5  # 10 requests at 4 per window: three windows
+
+
+def test_a_429_saying_the_window_is_spent_cools_the_pool_and_teaches_no_limit(store: Store) -> None:
+    from ledger.store.rows import PoolWindow
+
+    add(store, 4)
+    held = claim(store, 4)
+    refused = RetryLater(
+        held[0], 1, AttemptFailure(429, "rate_limit", "rpm", 1), 2.0, False, 2.0, PoolWindow(0, 2.0), calls_out=3
+    )
+    store.record([refused])
+    usage = store.pool_usage()[POOL]
+    assert usage["learned_limit"] is None and usage["cooldown_until"] is not None
