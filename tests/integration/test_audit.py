@@ -35,7 +35,8 @@ def populate(url: str) -> dict[str, int]:
     )
     limits = {"lease_seconds": 30, "global_limit": 2, "pool_limit": lambda _: 2, "max_attempts": 3, "max_claims": 1}
     (ok,) = store.claim("w", **limits).requests
-    store.record([RetryLater(ok, 1, AttemptFailure(429, "rate_limit", "slow down", 12), delay_s=0.0)])
+    # Refused with one other call out: the pool learns its limit (decision 50).
+    store.record([RetryLater(ok, 1, AttemptFailure(429, "rate_limit", "slow down", 12), delay_s=0.0, calls_out=1)])
     assert store.begin_attempt(ok).number == 2
     store.record([Completed(ok, 2, "Reasoning...\nVERDICT: 4", 150, input_tokens=20, output_tokens=7)])
     (bad,) = store.claim("w", **limits).requests
