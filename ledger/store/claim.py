@@ -15,7 +15,7 @@ the database's own work.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -176,8 +176,10 @@ class ClaimQueries:
         daily_budget: float | None = None,
         reclaim: bool = True,
         held: Collection[Held] = (),
+        proven: Mapping[str, int] | None = None,
     ) -> Claim:
-        """The claim, inside a transaction that already holds the claim lock."""
+        """The claim, inside a transaction that already holds the claim lock. `proven`: per pool,
+        the slots an outcome just freed with an answer (a group commit's own claim)."""
         if reclaim:
             # A live claimer never reclaims what it is still working on, however late its
             # renewal (a database outage longer than the lease): it renews those first.
@@ -199,7 +201,7 @@ class ClaimQueries:
         if free_total <= 0:
             return Claim([], total, reclaimed)
         # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py).
-        room = pool_state.PoolRoom.read(conn, in_flight, pool_limit, global_limit, self.pool_rules)
+        room = pool_state.PoolRoom.read(conn, in_flight, pool_limit, global_limit, self.pool_rules, proven or {})
         self.learning, self.windowed = set(room.learned), set(room.allowed)
         candidates = conn.execute(self._candidates, {"b_full": room.full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
         picked: list[int] = []

@@ -108,6 +108,7 @@ class PoolRoom:
     peaks: dict[str, int]
     window: dict[str, tuple[int, int]]  # rated pool -> (calls, tokens) in the window
     allowed: dict[str, int]  # pool -> calls the provider's headers still allow in its window
+    proven: Mapping[str, int] = field(default_factory=dict)  # pool -> slots just freed by answers
     taken: dict[str, int] = field(default_factory=dict)
     taken_tokens: dict[str, int] = field(default_factory=dict)
     estimates: dict[int, int] = field(default_factory=dict)  # request id -> tokens reserved
@@ -120,6 +121,7 @@ class PoolRoom:
         pool_limit: Callable[[str], int],
         global_limit: int,
         rules: PoolRules,
+        proven: Mapping[str, int] | None = None,
     ) -> PoolRoom:
         state = read_state(conn, pool_limit)
         window: dict[str, tuple[int, int]] = {}
@@ -127,7 +129,16 @@ class PoolRoom:
             params = {"b_pools": rules.rated, "b_since": -rules.window_s}
             window = {ep: (int(n), int(t)) for ep, n, t in conn.execute(_WINDOW_USE, params)}
         return cls(
-            in_flight, pool_limit, global_limit, rules, state.cooling, state.learned, state.peaks, window, state.allowed
+            in_flight,
+            pool_limit,
+            global_limit,
+            rules,
+            state.cooling,
+            state.learned,
+            state.peaks,
+            window,
+            state.allowed,
+            proven or {},
         )
 
     def limit(self, endpoint: str) -> int:
@@ -135,8 +146,10 @@ class PoolRoom:
         limit = min(self.pool_limit(endpoint), self.learned.get(endpoint, self.global_limit))
         peak = self.peaks.get(endpoint, 0)
         if self.rules.slow_start and peak < limit:
-            # Refill up to the peak; one more only when every slot up to it is busy (then it is proven).
-            return min(limit, peak + 1 if self.in_flight.get(endpoint, 0) >= peak else peak)
+            # Refill up to the peak; one more only when every slot up to it is busy (then it is proven):
+            # in flight now, or until this group's answers freed them.
+            busy = self.in_flight.get(endpoint, 0) + self.proven.get(endpoint, 0)
+            return min(limit, peak + 1 if busy >= peak else peak)
         return limit
 
     @property

@@ -10,6 +10,7 @@ Invariants every statement here keeps:
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -303,7 +304,14 @@ class QueueQueries(ClaimQueries):
             if succeeded:
                 pool_state.note_successes(conn, succeeded, self.pool_probe_seconds)
             if claim_for:
-                claim = self._claim_in(conn, claim_for, **limits)
+                # Slots these answers freed were busy until now: in slow start they prove the pool's
+                # peak, so it may open one more without waiting for the claim loop's pace.
+                proven = Counter(
+                    o.request.endpoint
+                    for o, w in zip(outcomes, written, strict=True)
+                    if w is Written.APPLIED and isinstance(o, Completed)
+                )
+                claim = self._claim_in(conn, claim_for, proven=proven, **limits)
                 active = claim.active_slots - len(claim.requests)
             else:
                 claim, active = None, self._active(conn)

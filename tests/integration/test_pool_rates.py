@@ -136,6 +136,19 @@ def test_slow_start_opens_one_slot_more_when_all_are_busy(store: Store) -> None:
         assert conn.execute(text("SELECT peak FROM llm_pools")).scalar_one() == 3
 
 
+def test_a_group_commit_whose_answers_prove_the_peak_opens_one_more_at_once(store: Store) -> None:
+    """At low latency the calls are answered before the claim loop's pace is up: the group commit's
+    own claim sees every slot of the peak busy until its answers, and opens one more then."""
+    store.pool_rules = PoolRules(slow_start=True)
+    add(store, 20)
+    limits = {"lease_seconds": 30, "global_limit": 16, "pool_limit": lambda _: 16, "max_attempts": 5, "max_claims": 16}
+    (call,) = store.claim("w", **limits).requests  # the peak is 1
+    recorded = store.record([Completed(call, 1, "ok", 5)], claim_for="w", **limits)
+    assert recorded.claim is not None and len(recorded.claim.requests) == 2  # refilled, and one more
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT peak FROM llm_pools")).scalar_one() == 2
+
+
 # -- the providers' rate-limit headers -------------------------------------------------------------
 
 
