@@ -5,6 +5,8 @@ Runs, each against a fresh mock provider process and a fresh SQLite ledger:
 - the ledger at limit 16: it has to learn the provider's 8 (slow start, one-step learning);
 - the ledger at limit 8 (`--reference`): the same work with the limit known in advance, the
   best this machine's hot path does, to tell the learning's cost from the per-round overhead;
+- with `--reference` too, a bare SDK loop held to the provider's cap by an `asyncio.Semaphore(8)`
+  (no ledger, the cap known): how close to the bound the SDK itself gets on this machine;
 - the ledger with `LEDGER_POOL_RPM` below the provider's own requests-per-window cap (that
   provider has no concurrency cap, so any 429 would be the window's): no 429.
 
@@ -52,6 +54,21 @@ async def naive(base: str, n: int) -> tuple[float, int]:
     ok = await asyncio.gather(*(one(i) for i in range(n)))
     await client.close()
     return time.perf_counter() - t0, n - sum(ok)
+
+
+async def bare_at_cap(base: str, n: int) -> None:
+    """The SDK alone, never over the cap: its client-side cost per round is the floor."""
+    client = openai.AsyncOpenAI(api_key="bench", base_url=base + "/v1", max_retries=0)
+    semaphore = asyncio.Semaphore(CAP)
+
+    async def one(i: int) -> None:
+        async with semaphore:
+            await client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": f"Evaluate item {i}."}]
+            )
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    await client.close()
 
 
 def ledger_run(n: int, mock_args: list[str], limit: int, **env: Any) -> dict[str, Any]:
@@ -113,6 +130,15 @@ def main() -> int:
     print(line("ledger, limit 16:", ledger_run(n, cap, 16), bound))
     if args.reference:
         print(line("ledger, limit 8 (cap known):", ledger_run(n, cap, CAP), bound))
+        with mock_provider_process(*cap) as mock:
+            t0 = time.perf_counter()
+            asyncio.run(bare_at_cap(mock.base_url, n))
+            stats = mock.stats()
+        busy = stats["busy_seconds"]
+        print(
+            f"{'bare SDK, semaphore 8 (cap known):':34} wall {time.perf_counter() - t0:6.2f} s  provider busy "
+            f"{busy:6.2f} s = {busy / bound:.2f}x bound  429s {stats['status_counts'].get('429', 0):3}"
+        )
     # No concurrency cap here: every 429 there could be would be the window's.
     rpm_args = ["--latency", str(args.latency), "--rpm", str(args.provider_rpm), "--rpm-window", str(args.window)]
     rated = ledger_run(
