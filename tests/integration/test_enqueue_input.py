@@ -55,6 +55,18 @@ def cli_enqueue(db_url: str, path: Path, **env: str) -> subprocess.CompletedProc
     )
 
 
+def cli_enqueue_here(db_url: str, path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """The same command through typer's runner, in this process: the CLI's own code, exit code
+    and stderr, without a Python start-up per case (the suite has ten minutes on two cores)."""
+    from typer.testing import CliRunner
+
+    from ledger.cli import app
+
+    settings = {"LEDGER_DATABASE_URL": db_url, "LEDGER_LOG_LEVEL": "WARNING", **env}
+    done = CliRunner().invoke(app, ["enqueue", str(path), "--provider", "mock"], env=settings)
+    return subprocess.CompletedProcess(["ledger", "enqueue"], done.exit_code, done.stdout, done.stderr)
+
+
 def request_count(db_url: str) -> int:
     store = Store(db_url)
     try:
@@ -120,10 +132,11 @@ BAD_LINES: dict[str, tuple[object, str]] = {
 @pytest.mark.parametrize("case", list(BAD_LINES))
 def test_a_bad_line_is_one_line_exit_2_and_nothing_written(sqlite_url: str, tmp_path: Path, case: str) -> None:
     """The whole file is checked before anything is written, so the database plays no part in
-    these refusals: each runs once, on SQLite (the next test shows the same on both databases)."""
+    these refusals: each runs once, on SQLite, through the CLI in this process (the next test
+    runs some in a process of their own, on both databases)."""
     bad, expected = BAD_LINES[case]
     path = write(tmp_path / "bad.jsonl", [line(1), line(2), bad, line(4)])
-    assert_refused(cli_enqueue(sqlite_url, path, LEDGER_MAX_LINE_BYTES="4096"), expected)
+    assert_refused(cli_enqueue_here(sqlite_url, path, LEDGER_MAX_LINE_BYTES="4096"), expected)
     assert request_count(sqlite_url) == 0
 
 
