@@ -279,6 +279,13 @@ class Dialect:
         args: Any = values if names is None else tuple(values[n] for n in names)
         return conn.exec_driver_sql(sql, args)
 
+    def execute_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> CursorResult[Any]:
+        """`execute` for many parameter sets at once (the driver's executemany); same rules."""
+        sql, names, defaults = self._compiled(conn, stmt)
+        if names is None:
+            return conn.exec_driver_sql(sql, [{**defaults, **row} for row in rows])
+        return conn.exec_driver_sql(sql, [tuple({**defaults, **row}[n] for n in names) for row in rows])
+
     def _compiled(self, conn: Connection, stmt: Any) -> tuple[str, tuple[str, ...] | None, dict[str, Any]]:
         key = id(stmt)
         found = self._statements.get(key)

@@ -285,12 +285,12 @@ class QueueQueries(ClaimQueries):
         """
         with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
-            conn.execute(_FINISH_ATTEMPT, [_attempt_values(o) for o in outcomes])
+            self.dialect.execute_many(conn, _FINISH_ATTEMPT, [_attempt_values(o) for o in outcomes])
             matched = 0
             for kind, stmt in _REQUEST_UPDATES.items():
                 params = [_request_values(o) for o in outcomes if _kind(o) == kind]
                 if params:
-                    matched += conn.execute(stmt, params).rowcount
+                    matched += self.dialect.execute_many(conn, stmt, params).rowcount
             if matched == len(outcomes) and conn.dialect.supports_sane_multi_rowcount:
                 written = [Written.APPLIED] * len(outcomes)
             else:
