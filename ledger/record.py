@@ -22,7 +22,7 @@ import functools
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -237,10 +237,10 @@ class Recorder:
             outcomes = [w.outcome for w in self._pending] + self._writing
         return sorted({(o.request.id, o.request.token) for o in outcomes})
 
-    def in_hand(self) -> set[tuple[int, int]]:
+    def in_hand(self) -> Collection[tuple[int, int]]:
         """Leases whose outcomes were handed in and not answered yet (written or not): a renewal
         that finds one of these no longer running sees it finish, not taken over."""
-        return set(self._in_hand)
+        return self._in_hand.keys()
 
     def notify_slot_freed(self) -> None:
         """A slot was freed outside a recorded outcome (e.g. given back after a back-off)."""

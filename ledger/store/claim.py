@@ -228,7 +228,7 @@ class ClaimQueries:
                         "request_id": r.id,
                         "attempt": r.attempts,
                         "worker": worker,
-                        "outcome": AttemptOutcome.RUNNING.value,
+                        "outcome": RUNNING_ATTEMPT,
                     }
                     for r in rows
                 ],

@@ -284,7 +284,8 @@ class Dialect:
         sql, names, defaults = self._compiled(conn, stmt)
         if names is None:
             return conn.exec_driver_sql(sql, [{**defaults, **row} for row in rows])
-        return conn.exec_driver_sql(sql, [tuple({**defaults, **row}[n] for n in names) for row in rows])
+        merged = ({**defaults, **row} for row in rows)
+        return conn.exec_driver_sql(sql, [tuple(values[n] for n in names) for values in merged])
 
     def _compiled(self, conn: Connection, stmt: Any) -> tuple[str, tuple[str, ...] | None, dict[str, Any]]:
         key = id(stmt)
@@ -360,9 +361,7 @@ def _copy_then_insert(
             for ord_, row in enumerate(rows):
                 copy.write_row((ord_, *row))
         cur.execute(insert)
-        new = [(int(r[0]), str(r[1])) for r in cur.fetchall()]
-        cur.execute(f"DELETE FROM {stage}")  # a second chunk in the same transaction starts empty
-    return new
+        return [(int(r[0]), str(r[1])) for r in cur.fetchall()]
 
 
 def _sqlite_max_variables(conn: Connection) -> int:

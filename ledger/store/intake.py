@@ -18,13 +18,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.fingerprint import BODY_FIELDS, body_hash
-from ledger.models import Job, LlmRequest, RequestStatus
+from ledger.models import Job, LlmRequest
 from ledger.store.commit import transaction
 from ledger.store.dialect import Dialect
+from ledger.store.queue import max_fair_seq, queued_count
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
 jobs = Job.__table__  # type: ignore[attr-defined]
@@ -96,14 +97,8 @@ class IntakeQueries:
     def next_fair_seqs(self, job_ids: Iterable[str | None]) -> dict[str | None, int]:
         """Per job, the `fair_seq` its next request gets: read once per enqueue, then counted
         on by the caller (the column orders claims fairly; it need not be unique)."""
-        c = requests.c
-        seqs: dict[str | None, int] = {}
         with self.engine.connect() as conn:
-            for job_id in job_ids:
-                where = c.job_id.is_(None) if job_id is None else c.job_id == job_id
-                top = conn.execute(select(func.coalesce(func.max(c.fair_seq), 0)).where(where)).scalar_one()
-                seqs[job_id] = int(top) + 1
-        return seqs
+            return {job_id: max_fair_seq(conn, job_id) + 1 for job_id in job_ids}
 
     def insert_chunk(self, rows: list[tuple[Any, ...]], hashes: dict[str, str], job_ids: set[str]) -> ChunkWritten:
         """One transaction: the chunk's jobs (if new), its rows (keys already there skipped), and
@@ -127,8 +122,7 @@ class IntakeQueries:
 
     def queue_depth(self) -> int:
         with self.engine.connect() as conn:
-            count = select(func.count()).select_from(requests).where(requests.c.status == RequestStatus.QUEUED.value)
-            return int(conn.execute(count).scalar_one())
+            return queued_count(conn)
 
 
 def _known(conn: Connection, keys: list[str]) -> dict[str, Known]:

@@ -331,7 +331,7 @@ def note_outcomes(
         _note_pool(conn, dialect, endpoint, h, endpoint in windowed)
     settle = [s for h in heard.values() for s in h.settle]
     if settle:
-        conn.execute(_SETTLE, settle)
+        dialect.execute_many(conn, _SETTLE, settle)
 
 
 _SETTLE = (
@@ -453,11 +453,8 @@ def _running_in_sql(endpoint: str) -> Any:
     )
 
 
-def note_successes(conn: Connection, endpoints: Iterable[str], probe_seconds: float) -> None:
-    """Successes on pools with a learned limit: enough of them in a row, and long enough, add one slot."""
-    counts: dict[str, int] = {}
-    for endpoint in endpoints:
-        counts[endpoint] = counts.get(endpoint, 0) + 1
+def note_successes(conn: Connection, counts: Mapping[str, int], probe_seconds: float) -> None:
+    """Successes per pool with a learned limit: enough of them in a row, and long enough, add one slot."""
     for endpoint, n in sorted(counts.items()):
         conn.execute(
             update(pools)

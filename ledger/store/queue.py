@@ -208,6 +208,17 @@ def _request_values(o: Outcome) -> dict[str, Any]:
     return values | {"b_delay": o.delay_s}
 
 
+def max_fair_seq(conn: Connection, job_id: str | None) -> int:
+    """The highest `fair_seq` of a job's requests (of those without a job, for None); 0 for none."""
+    where = requests.c.job_id.is_(None) if job_id is None else requests.c.job_id == job_id
+    return int(conn.execute(select(func.coalesce(func.max(requests.c.fair_seq), 0)).where(where)).scalar_one())
+
+
+def queued_count(conn: Connection) -> int:
+    """Requests waiting in the queue: the depth an enqueue reports."""
+    return int(conn.execute(select(func.count()).select_from(requests).where(requests.c.status == QUEUED)).scalar_one())
+
+
 class QueueQueries(ClaimQueries):
     """Mixed into `Store`; needs `engine` and `dialect`."""
 
@@ -232,7 +243,7 @@ class QueueQueries(ClaimQueries):
         for row in rows:
             job_id = row.get("job_id")
             if job_id not in next_seq:
-                next_seq[job_id] = self._max_fair_seq(conn, job_id) + 1
+                next_seq[job_id] = max_fair_seq(conn, job_id) + 1
                 if job_id is not None:
                     conn.execute(self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"})
             batch.append({**row, "fair_seq": next_seq[job_id]})
@@ -245,18 +256,13 @@ class QueueQueries(ClaimQueries):
             new = self._insert_batch(conn, batch)
             seen, inserted = seen + len(batch), inserted + len(new)
             kept = kept + new if len(kept) + len(new) <= KEEP_INSERTED_MAX else []
-        depth = conn.execute(select(func.count()).select_from(requests).where(requests.c.status == QUEUED)).scalar_one()
-        return EnqueueResult(inserted, seen - inserted, depth, kept if len(kept) == inserted else [])
+        return EnqueueResult(inserted, seen - inserted, queued_count(conn), kept if len(kept) == inserted else [])
 
     def id_for_key(self, idempotency_key: str) -> int:
         with self.engine.connect() as conn:
             return int(
                 conn.execute(select(requests.c.id).where(requests.c.idempotency_key == idempotency_key)).scalar_one()
             )
-
-    def _max_fair_seq(self, conn: Connection, job_id: str | None) -> int:
-        where = requests.c.job_id.is_(None) if job_id is None else requests.c.job_id == job_id
-        return int(conn.execute(select(func.coalesce(func.max(requests.c.fair_seq), 0)).where(where)).scalar_one())
 
     def _insert_batch(self, conn: Connection, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         stmt = (
@@ -296,22 +302,18 @@ class QueueQueries(ClaimQueries):
             else:
                 written = self._sort_out(conn, outcomes)
             pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
-            succeeded = [
+            # Answers per pool: they count towards probing a learned limit up, and they prove a
+            # pool's peak in slow start (the slots they freed were busy until now).
+            answered = Counter(
                 o.request.endpoint
                 for o, w in zip(outcomes, written, strict=True)
-                if w is Written.APPLIED and isinstance(o, Completed) and o.request.endpoint in self.learning
-            ]
-            if succeeded:
-                pool_state.note_successes(conn, succeeded, self.pool_probe_seconds)
+                if w is Written.APPLIED and isinstance(o, Completed)
+            )
+            learning = {endpoint: n for endpoint, n in answered.items() if endpoint in self.learning}
+            if learning:
+                pool_state.note_successes(conn, learning, self.pool_probe_seconds)
             if claim_for:
-                # Slots these answers freed were busy until now: in slow start they prove the pool's
-                # peak, so it may open one more without waiting for the claim loop's pace.
-                proven = Counter(
-                    o.request.endpoint
-                    for o, w in zip(outcomes, written, strict=True)
-                    if w is Written.APPLIED and isinstance(o, Completed)
-                )
-                claim = self._claim_in(conn, claim_for, proven=proven, **limits)
+                claim = self._claim_in(conn, claim_for, proven=answered, **limits)
                 active = claim.active_slots - len(claim.requests)
             else:
                 claim, active = None, self._active(conn)
