@@ -35,13 +35,13 @@ from ledger.models import Delivery
 from ledger.params import params_problem
 from ledger.pools import endpoint_for, normalize_endpoint
 from ledger.prices import PriceTable, token_estimate
+from ledger.settings import DEFAULT_MAX_LINE_BYTES
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Body keys that are not sampling parameters.
 _NOT_PARAMS = {"model", "messages", "system", "response_format", "metadata", "stream", "stream_options"}
 # Column lengths (ledger/models.py): PostgreSQL refuses a longer value half-way through an insert.
 KEY_MAX_CHARS = 200
-DEFAULT_MAX_LINE_BYTES = 8 * 2**20
 _INT32 = 2**31 - 1
 # A NUL character as JSON writes it: `\u0000` after an even number of backslashes (an odd
 # number is a literal backslash followed by the text "u0000").

@@ -158,10 +158,10 @@ class Intake:
             added += len(written.inserted)
             duplicates += written.repeats
             if keep:
-                by_key = {e.key: e for e in chunk}
+                by_key, trace_at = {e.key: e for e in chunk}, self.columns.index("trace")
                 for request_id, key in written.inserted:
                     inserted.append(
-                        {"id": request_id, "idempotency_key": key, "trace": self._row(by_key[key])["trace"]}
+                        {"id": request_id, "idempotency_key": key, "trace": json.loads(by_key[key].values[trace_at])}
                     )
             if self.duty < 1:  # let a daemon waiting for the write lock in before the next chunk
                 time.sleep((time.monotonic() - started) * (1 - self.duty) / self.duty)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from ledger.store.pools import PoolRules
 
 DEFAULT_DATABASE_URL = "sqlite:///ledger.db"
+# LEDGER_MAX_LINE_BYTES by default: 8 MiB.
+DEFAULT_MAX_LINE_BYTES = 8 * 2**20
 
 
 class SettingsError(ValueError):
@@ -95,7 +97,7 @@ class Settings(BaseSettings):
     prices_file: str | None = Field(default=None, alias="LEDGER_PRICES_FILE")
     # One JSONL line (or one request from Python, as stored) at most this big: a file with
     # no newline, or a runaway prompt, is refused with one line instead of filling memory.
-    max_line_bytes: int = Field(default=8 * 2**20, alias="LEDGER_MAX_LINE_BYTES", ge=1024, le=2**30)
+    max_line_bytes: int = Field(default=DEFAULT_MAX_LINE_BYTES, alias="LEDGER_MAX_LINE_BYTES", ge=1024, le=2**30)
     job_capacity: int = Field(default=4, alias="LEDGER_JOB_CAPACITY", ge=1)
     daily_budget_usd: float | None = Field(default=None, alias="LEDGER_DAILY_BUDGET_USD", ge=0)
     log_level: str = Field(default="INFO", alias="LEDGER_LOG_LEVEL")
@@ -122,22 +124,10 @@ class Settings(BaseSettings):
             raise ValueError(f"MAX_CONCURRENT_LLM_CALLS must be <= 50, got {value}")
         return value
 
-    @field_validator("pool_limits_raw")
+    @field_validator("pool_limits_raw", "pool_rpm_raw", "pool_tpm_raw")
     @classmethod
-    def _check_pool_limits(cls, value: str) -> str:
-        parse_pool_limits(value)
-        return value
-
-    @field_validator("pool_rpm_raw")
-    @classmethod
-    def _check_pool_rpm(cls, value: str) -> str:
-        parse_pool_limits(value, "LEDGER_POOL_RPM")
-        return value
-
-    @field_validator("pool_tpm_raw")
-    @classmethod
-    def _check_pool_tpm(cls, value: str) -> str:
-        parse_pool_limits(value, "LEDGER_POOL_TPM")
+    def _check_pool_values(cls, value: str, info: ValidationInfo) -> str:
+        parse_pool_limits(value, _env_name(str(info.field_name)))
         return value
 
     @field_validator("prices_file")
