@@ -38,6 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select, update
@@ -70,9 +71,13 @@ class PoolRules:
     window_s: float = 60.0  # the "minute" (LEDGER_RATE_WINDOW_SECONDS, for tests only)
     slow_start: bool = False
 
-    @property
+    @cached_property
     def rated(self) -> list[str]:
+        """The pools with an RPM or TPM cap."""
         return sorted(set(self.rpm) | set(self.tpm))
+
+    def capped(self, endpoint: str) -> bool:
+        return endpoint in self.rpm or endpoint in self.tpm
 
 
 NO_RULES = PoolRules()
@@ -167,7 +172,7 @@ class PoolRoom:
         used = self.in_flight.get(endpoint, 0) + self.taken.get(endpoint, 0)
         if used >= self.limit(endpoint) or self.taken.get(endpoint, 0) >= self.allowed.get(endpoint, used + 1):
             return False
-        if endpoint not in self.rules.rpm and endpoint not in self.rules.tpm:
+        if not self.rules.capped(endpoint):
             return True
         n, tokens = self.window.get(endpoint, (0, 0))
         n += self.taken.get(endpoint, 0)
@@ -180,7 +185,7 @@ class PoolRoom:
 
     def take(self, request_id: int, endpoint: str, token_estimate: int | None) -> None:
         self.taken[endpoint] = self.taken.get(endpoint, 0) + 1
-        if endpoint in self.rules.rpm or endpoint in self.rules.tpm:
+        if self.rules.capped(endpoint):
             self.taken_tokens[endpoint] = self.taken_tokens.get(endpoint, 0) + _tokens(token_estimate)
             self.estimates[request_id] = _tokens(token_estimate)
 
@@ -226,14 +231,14 @@ def log_calls(conn: Connection, started: list[tuple[str, int, int, int]], rules:
 
 def held_call_started(conn: Connection, request: ClaimedRequest, attempt: int, rules: PoolRules) -> None:
     """A retry that held its slot through the back-off calls again: it counts in a capped pool's window."""
-    if request.endpoint in rules.rpm or request.endpoint in rules.tpm:
+    if rules.capped(request.endpoint):
         estimate = conn.execute(select(requests.c.token_estimate).where(requests.c.id == request.id)).scalar()
         log_calls(conn, [(request.endpoint, request.id, attempt, _tokens(estimate))], rules)
 
 
 def window_full(conn: Connection, endpoint: str, rules: PoolRules) -> bool:
     """A capped pool with no call left in its window (a held retry must not start one)."""
-    if endpoint not in rules.rpm and endpoint not in rules.tpm:
+    if not rules.capped(endpoint):
         return False
     params = {"b_pools": [endpoint], "b_since": -rules.window_s}
     row = conn.execute(_WINDOW_USE, params).first()
@@ -313,7 +318,7 @@ def note_outcomes(
         h = heard.setdefault(o.request.endpoint, _Heard())
         if o.window is not None:
             h.window(o.window)
-        rated = o.request.endpoint in rules.rpm or o.request.endpoint in rules.tpm
+        rated = rules.capped(o.request.endpoint)
         if isinstance(o, Completed):
             h.completed += 1
             if rated and (o.input_tokens is not None or o.output_tokens is not None):
