@@ -133,7 +133,7 @@ class AnthropicBatches:
         await self._client.close()
 
 
-def result_line(line: str) -> BatchLine:
+def result_line(line: str | bytes) -> BatchLine:
     obj = json.loads(line)
     custom_id = str(obj.get("custom_id"))
     result = obj.get("result") or {}

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 # Transient by nature (seed 000 FR-002, plus 500 and Anthropic's 529 "overloaded").
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 529})
+_READ_BYTES = 64 * 1024  # a streamed result file is read this much at a time
 
 
 @dataclass(frozen=True)
@@ -135,13 +136,23 @@ def sdk_errors(
         raise ProviderError(f"connection error: {exc}", retryable=True, code="connection_error") from None
 
 
-async def nonblank_lines(opened: AbstractAsyncContextManager[Any]) -> AsyncGenerator[str, None]:
+async def nonblank_lines(opened: AbstractAsyncContextManager[Any]) -> AsyncGenerator[bytes, None]:
     """The non-blank lines of a streamed download (an SDK's `with_streaming_response` call),
-    read as they arrive: a result file is never whole in memory."""
+    read as they arrive: a result file is never whole in memory.
+
+    Lines are split from the raw bytes, not decoded to text first: JSONL is UTF-8 and
+    `json.loads` takes bytes, and the SDK's text line decoder was a fifth of the time
+    spent mapping a 100,000-line result file (issue 10)."""
     async with opened as response:
-        async for line in response.iter_lines():
-            if line.strip():
-                yield line
+        rest = b""
+        async for chunk in response.iter_bytes(_READ_BYTES):
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            for line in lines:
+                if line.strip():
+                    yield line
+        if rest.strip():
+            yield rest
 
 
 def compact_json(obj: Any) -> bytes:

@@ -105,7 +105,7 @@ class OpenAIBatches:
         await self._client.close()
 
 
-def result_line(line: str) -> BatchLine:
+def result_line(line: str | bytes) -> BatchLine:
     """One line of an output or error file."""
     obj = json.loads(line)
     custom_id = str(obj.get("custom_id"))

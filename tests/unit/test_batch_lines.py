@@ -1,0 +1,65 @@
+"""Result lines of a provider batch: which belong to this ledger batch, and how their bytes are split."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+import pytest
+
+from adapters.base import nonblank_lines
+from ledger.batches import custom_id, request_of
+
+
+def test_a_line_of_this_batch_names_its_request() -> None:
+    ours = request_of(12, "abc")
+    assert ours(custom_id(12, "abc", 5)) == 5
+    assert ours(custom_id(12, "abc", 123456789)) == 123456789
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        custom_id(1, "abc", 5),  # another ledger batch whose id is a prefix of ours
+        custom_id(123, "abc", 5),  # another ledger batch whose id starts with ours
+        custom_id(12, "abd", 5),  # the same batch id written by another submission
+        "b12-abc-r",
+        "b12-abc-r05",
+        "b12-abc-r1_0",  # int() would take it
+        "b12-abc-r 5",
+        "b12-abc-r\u0665",  # a non-ASCII digit
+        "b12-abc-r5x",
+        "request-5",
+    ],
+)
+def test_a_foreign_custom_id_names_no_request(value: str) -> None:
+    assert request_of(12, "abc")(value) is None
+
+
+@dataclass
+class _Streamed:
+    chunks: list[bytes]
+
+    async def iter_bytes(self, chunk_size: int | None = None) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b'{"a": 1}\n{"b": "\xc3\xa9"}\n\n  \n{"c": 3}'],  # no newline at the end
+        [b'{"a"', b': 1}\n{"b": "\xc3', b'\xa9"}\n', b"\n  \n", b'{"c": 3}\n'],  # cut anywhere, even in a character
+    ],
+)
+def test_lines_are_split_from_the_bytes_however_they_arrive(chunks: list[bytes]) -> None:
+    @asynccontextmanager
+    async def opened() -> AsyncIterator[_Streamed]:
+        yield _Streamed(chunks)
+
+    async def read() -> list[bytes]:
+        return [line async for line in nonblank_lines(opened())]
+
+    assert anyio.run(read) == [b'{"a": 1}', b'{"b": "\xc3\xa9"}', b'{"c": 3}']
