@@ -6,7 +6,10 @@ Two scenarios, each run for every daemon count:
     limit / latency = 250 requests/s; the fraction reached is the bound time
     (requests x latency / limit) over the measured makespan (first `acquired` to
     last `released` across all daemons' logs). Target: >= 0.95 for every N, and
-    the provider never sees more than the limit in flight.
+    the provider never sees more than the limit in flight. Beside each run, against
+    the same mock provider: a bare `AsyncOpenAI` + `asyncio.Semaphore(limit)` loop
+    over the same number of requests, the fraction of the bound the SDK alone reaches
+    on this machine (`bench.sdk_ratio`'s loop).
 (b) CPU-bound: 0 ms latency, limit 50: aggregate requests/s, and where the
     ceiling comes from: CPU seconds of the daemon processes (`wait4` rusage), of
     the mock provider (/proc/<pid>/stat before it stops), of the daemons'
@@ -27,6 +30,7 @@ its own `application_name`, worker id and JSON log file.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import resource
@@ -44,6 +48,7 @@ import psycopg
 
 from adapters.mock_provider import mock_provider_process
 from bench.common import PG_DSN, fresh_database, specs
+from bench.sdk_ratio import bare_loop
 from ledger.api import Ledger
 from ledger.settings import load_settings
 
@@ -195,6 +200,7 @@ class Run:
     mean_waiters: float
     active_share: float  # share of samples with a daemon backend running a statement
     others_share: float  # share of samples where another client of the database ran a statement
+    bare_s: float | None = None  # the bare SDK loop's time for the same requests, same mock (latency runs)
 
     @property
     def other_cores(self) -> float:
@@ -220,7 +226,7 @@ def around(samples: list[Sample], first: float, last: float) -> tuple[Sample, Sa
     return (before[-1] if before else samples[0]), (after[0] if after else samples[-1])
 
 
-def run_once(pg: str, n_daemons: int, n_requests: int, limit: int, latency: float) -> Run:
+def run_once(pg: str, n_daemons: int, n_requests: int, limit: int, latency: float, bare: bool = False) -> Run:
     with (
         fresh_database("postgres", pg) as url,
         mock_provider_process("--latency", str(latency)) as mock,
@@ -266,6 +272,7 @@ def run_once(pg: str, n_daemons: int, n_requests: int, limit: int, latency: floa
         sampler.stop()
         mock_cpu = proc_cpu_s(mock.proc.pid) or 0.0
         provider = mock.stats()
+        bare_s = asyncio.run(bare_loop(mock.openai_base_url, n_requests, limit)) if bare else None
         wait_gone(pg, APP_PREFIX)
         wait_gone(pg, "bench-scale-")
         commits = xact_commit(pg) - commits_before - sampler.queries - 1
@@ -304,6 +311,7 @@ def run_once(pg: str, n_daemons: int, n_requests: int, limit: int, latency: floa
         mean_waiters=sum(s.on_lock for s in window) / len(window),
         active_share=sum(1 for s in window if s.active > 0) / len(window),
         others_share=sampler.others_active / max(1, sampler.queries),
+        bare_s=bare_s,
     )
 
 
@@ -335,6 +343,8 @@ def latency_table(runs: list[Run], limit: int, latency: float) -> None:
                 f"{ideal:.3f}",
                 f"{r.requests / r.makespan:.1f}",
                 f"{ideal / r.makespan:.3f}",
+                f"{ideal / r.bare_s:.3f}" if r.bare_s else "-",
+                f"{r.bare_s / r.makespan:.3f}" if r.bare_s else "-",
                 str(r.provider_max_in_flight),
                 str(r.log_max_slots),
                 f"{r.machine_cores:.2f}/{r.cores}",
@@ -354,6 +364,8 @@ def latency_table(runs: list[Run], limit: int, latency: float) -> None:
         "bound s",
         "req/s",
         "fraction",
+        "bare fraction",
+        "vs bare",
         "prov max",
         "log max",
         "busy cores",
@@ -367,7 +379,9 @@ def latency_table(runs: list[Run], limit: int, latency: float) -> None:
     ]
     print_table(f"(a) latency-bound: latency {latency}s, limit {limit}, bound {bound:.0f} req/s", header, rows)
     print(
-        "  fraction = bound time / makespan; prov max: the provider's max in flight; log max: most slots held at\n"
+        "  fraction = bound time / makespan; bare fraction: the same for a bare AsyncOpenAI + semaphore loop\n"
+        "  against the same mock right after (its time from the first call to the last answer); vs bare =\n"
+        "  bare time / makespan; prov max: the provider's max in flight; log max: most slots held at\n"
         "  once replaying all logs; cores over the makespan as in (b); wall: daemons started to all exited."
     )
 
@@ -453,7 +467,11 @@ def main() -> int:
     scenarios = args.scenario.split(",")
     print(f"{os.cpu_count()} CPUs; daemons {counts}; runs {args.runs}")
     if "latency" in scenarios:
-        runs = [run_once(args.pg, n, args.requests, args.limit, args.latency) for _ in range(args.runs) for n in counts]
+        runs = [
+            run_once(args.pg, n, args.requests, args.limit, args.latency, bare=True)
+            for _ in range(args.runs)
+            for n in counts
+        ]
         latency_table(sorted(runs, key=lambda r: r.daemons), args.limit, args.latency)
         warn_others(runs)
     if "cpu" in scenarios:
