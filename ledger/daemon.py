@@ -152,6 +152,7 @@ async def run_daemon(
                 work.start_soon(run_batches)
                 work.start_soon(lambda: coordinator.run(stop=stop, until_idle=until_idle))
                 await scheduler.run(work, until_idle=until_idle, stop=stop)
+                coordinator.look_now()
                 if stop.is_set():
                     # Calls in flight and the batch step under way get the grace period; submitted
                     # batches stay with the provider and are picked up again at the next start.

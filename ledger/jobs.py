@@ -34,6 +34,7 @@ from ledger.settings import Settings
 from ledger.spec import JobSpec
 from ledger.store import Store
 from ledger.store.jobs import Staged, TriggerRefused
+from ledger.waits import first_done
 
 __all__ = ["Coordinator", "Staged", "TriggerRefused", "advance", "reparse", "trigger"]
 
@@ -183,16 +184,23 @@ class Coordinator:
 
     def __init__(self, store: Store, lane: DbLane, settings: Settings) -> None:
         self.store, self.lane, self.settings = store, lane, settings
+        self._look = anyio.Event()
+
+    def look_now(self) -> None:
+        """Check at once instead of at the next poll: with `--until-idle`, the claim loop found
+        nothing left, and the daemon should not wait up to a poll interval more to end."""
+        self._look.set()
 
     async def run(self, *, stop: anyio.Event, until_idle: bool) -> None:
         while not stop.is_set():
+            self._look = anyio.Event()
             active = await self.lane.run(self.store.active_jobs)
             for job in active:
                 await self.step(job)
             if until_idle and not active and not await self.lane.run(self.store.has_work):
                 return
             with anyio.move_on_after(self.settings.poll_interval):
-                await stop.wait()
+                await first_done(stop.wait, self._look.wait)
 
     async def step(self, job: dict[str, Any]) -> Step | None:
         """One job's step inside its own error boundary: a bug in one job fails that job only.
