@@ -237,6 +237,20 @@ class Recorder:
             outcomes = [w.outcome for w in self._pending] + self._writing
         return sorted({(o.request.id, o.request.token) for o in outcomes})
 
+    def refusals_in_hand(self) -> set[str]:
+        """Pools with a 429 handed in and not yet being written: a claim opens nothing in them.
+
+        Its lesson (the pool's limit, learned in one step) is written with the next group;
+        a slot opened in that pool before then, by a group commit's refill or the slow
+        start, would go to a provider that has just said it is full and come back a 429
+        too. The group being written is not here: its lesson precedes its own claim."""
+        with self._lock:
+            return {
+                w.outcome.request.endpoint
+                for w in self._pending
+                if isinstance(w.outcome, RetryLater) and w.outcome.calls_out is not None
+            }
+
     def in_hand(self) -> Collection[tuple[int, int]]:
         """Leases whose outcomes were handed in and not answered yet (written or not): a renewal
         that finds one of these no longer running sees it finish, not taken over."""

@@ -79,12 +79,14 @@ class Scheduler:
         """Claim limits, asking for a sweep of expired leases every quarter lease."""
         now = time.monotonic()
         reclaim = now - self._last_reclaim >= self.settings.lease_seconds / 4
+        refused = self.ctx.recorder.refusals_in_hand()
+        limits = {**self.limits, "hold": refused} if refused else self.limits
         if not reclaim:
-            return {**self.limits, "reclaim": False}
+            return {**limits, "reclaim": False}
         self._last_reclaim = now
         # Leases in hand include those whose answers wait to be written (issue 12): never reclaimed here.
         held = sorted(set(self.leases.held()) | set(self.ctx.recorder.unwritten()))
-        return {**self.limits, "reclaim": True, "held": held}
+        return {**limits, "reclaim": True, "held": held}
 
     def slot_freed(self, claim: Claim | None = None) -> None:
         """Slots came free. With the claim the recorder made in the same transaction, they are

@@ -177,9 +177,11 @@ class ClaimQueries:
         reclaim: bool = True,
         held: Collection[Held] = (),
         proven: Mapping[str, int] | None = None,
+        hold: Collection[str] = (),
     ) -> Claim:
         """The claim, inside a transaction that already holds the claim lock. `proven`: per pool,
-        the slots an outcome just freed with an answer (a group commit's own claim)."""
+        the slots an outcome just freed with an answer (a group commit's own claim); `hold`:
+        pools this claim leaves alone (a refusal from them is on its way to the ledger)."""
         if reclaim:
             # A live claimer never reclaims what it is still working on, however late its
             # renewal (a database outage longer than the lease): it renews those first.
@@ -203,7 +205,8 @@ class ClaimQueries:
         # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py).
         room = pool_state.PoolRoom.read(conn, in_flight, pool_limit, global_limit, self.pool_rules, proven or {})
         self.learning, self.windowed = set(room.learned), set(room.allowed)
-        candidates = conn.execute(self._candidates, {"b_full": room.full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
+        full = sorted(set(room.full) | set(hold)) if hold else room.full
+        candidates = conn.execute(self._candidates, {"b_full": full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
         picked: list[int] = []
         rows = list(candidates)
         budget = Budget.read(conn, daily_budget, rows, self.job_caps)

@@ -5,6 +5,7 @@ The daemon-level tests run a real daemon against the mock provider through the O
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import anyio
@@ -13,6 +14,11 @@ import pytest
 from adapters.mock_provider import mock_provider_process
 from ledger.daemon import run_daemon
 from ledger.enqueue import build_spec, to_row
+from ledger.executor import CallContext
+from ledger.prices import PriceTable
+from ledger.record import DbLane, Recorder
+from ledger.retry import RetryPolicy
+from ledger.scheduler import Scheduler
 from ledger.settings import load_settings
 from ledger.store import Store
 from ledger.store.pools import PROBE_ROUNDS
@@ -180,3 +186,52 @@ def test_a_daemon_learns_the_providers_concurrency_from_its_first_429s(db_url: s
 
 def ask(i: int) -> dict[str, str]:
     return {"role": "user", "content": f"capacity probe {i}"}
+
+
+def test_a_claim_leaves_alone_a_pool_whose_refusal_is_on_its_way(store: Store) -> None:
+    """A 429 handed in and not yet written: its lesson is not in the database, so the claim
+    made meanwhile (a group commit's refill, a slow-start step) opens nothing in that pool,
+    and other pools go on."""
+    store.enqueue(
+        to_row(
+            build_spec(model="n", provider="mock", idempotency_key=f"n{i}", messages=[{"role": "user", "content": "q"}])
+        )
+        for i in range(4)
+    )
+    taken = store.claim(
+        "w", lease_seconds=30, global_limit=8, pool_limit=lambda _: 8, max_attempts=5, max_claims=8, hold=["mock:m"]
+    ).requests
+    assert sorted(r.endpoint for r in taken) == ["mock:n"] * 4
+
+
+def test_a_refusal_in_hand_holds_its_pool_out_of_claims_until_it_is_written(store: Store) -> None:
+    held = claim(store, 3)
+    settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=str(store.engine.url))
+
+    async def run() -> None:
+        lane = DbLane()
+        recorder = Recorder(store, lane, on_slot_freed=lambda _: None)
+        ctx = CallContext(store, lane, recorder, RetryPolicy(0.1, 1.0, 5), 10.0, PriceTable({}))
+        scheduler = Scheduler(ctx, settings, "w")
+        busy = threading.Event()
+        async with anyio.create_task_group() as tg:
+            await tg.start(recorder.run)
+            tg.start_soon(lane.run, busy.wait)  # the lane is busy: what is handed in waits
+            refused = RetryLater(held[0], 1, RATE_LIMITED, delay_s=0.0, hold_slot=False, calls_out=2)
+            tg.start_soon(recorder.submit, refused)
+            tg.start_soon(recorder.submit, Completed(held[1], 1, "ok", 5))
+            await anyio.wait_all_tasks_blocked()
+            try:  # handed in, not written: the next claim leaves the pool alone
+                assert recorder.refusals_in_hand() == {"mock:m"}
+                assert scheduler.limits_now()["hold"] == {"mock:m"}
+            finally:
+                busy.set()
+            with anyio.fail_after(30):
+                while recorder.in_hand():
+                    await anyio.sleep(0.01)
+            assert recorder.refusals_in_hand() == set()
+            assert "hold" not in scheduler.limits_now()  # written: the lesson itself holds the pool now
+            tg.cancel_scope.cancel()
+
+    anyio.run(run)
+    assert learned(store) == 2
