@@ -110,12 +110,15 @@ class BatchWorker:
 
     # -- the loop --------------------------------------------------------------
 
-    async def run(self, *, stop: anyio.Event, until_idle: bool) -> None:
+    async def run(self, *, stop: anyio.Event, until_idle: bool, progressed: Callable[[], None] = lambda: None) -> None:
+        """`progressed` is called after every cycle that did something (results mapped back may
+        let a job go on)."""
         # A previous process under this worker id left these leased: take the next step at once.
         await self.lane.run(self.store.release_batch_leases, self.worker)
         try:
             while not stop.is_set():
                 if await self.cycle(stop):
+                    progressed()
                     continue
                 if until_idle and not await self.lane.run(self.store.has_batch_work):
                     return

@@ -91,6 +91,7 @@ async def run_daemon(
         recorder.metrics = scheduler.metrics = scheduler.leases.metrics = served.metrics
     batch_worker = BatchWorker(store, lane, settings, worker, batch_adapters)
     coordinator = Coordinator(store, lane, settings)
+    scheduler.idle = coordinator.look_now
     events.started(
         worker_id=worker,
         max_concurrent_llm_calls=settings.max_concurrent_llm_calls,
@@ -130,9 +131,10 @@ async def run_daemon(
 
     async def run_batches() -> None:
         try:
-            await batch_worker.run(stop=stop, until_idle=until_idle)
+            await batch_worker.run(stop=stop, until_idle=until_idle, progressed=coordinator.look_now)
         finally:
             batch_done.set()
+            scheduler.look_now()
 
     try:
         async with anyio.create_task_group() as services:
@@ -150,9 +152,9 @@ async def run_daemon(
                 )
             async with anyio.create_task_group() as work:
                 work.start_soon(run_batches)
-                work.start_soon(lambda: coordinator.run(stop=stop, until_idle=until_idle))
+                work.start_soon(lambda: coordinator.run(stop=stop, until_idle=until_idle, stepped=scheduler.look_now))
                 await scheduler.run(work, until_idle=until_idle, stop=stop)
-                coordinator.look_now()
+                coordinator.look_now()  # nothing left to claim: the coordinator need not wait for its poll
                 if stop.is_set():
                     # Calls in flight and the batch step under way get the grace period; submitted
                     # batches stay with the provider and are picked up again at the next start.

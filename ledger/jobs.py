@@ -18,6 +18,7 @@ overspends, it waits (daily) or ends `failed` (its own budget spent).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,20 +188,32 @@ class Coordinator:
         self._look = anyio.Event()
 
     def look_now(self) -> None:
-        """Check at once instead of at the next poll: with `--until-idle`, the claim loop found
-        nothing left, and the daemon should not wait up to a poll interval more to end."""
+        """Step the jobs at once instead of at the next poll: the daemon's calls have all been
+        answered (or its claim loop found nothing left), so a job may be ready to parse, to
+        fill its gaps or to end."""
         self._look.set()
 
-    async def run(self, *, stop: anyio.Event, until_idle: bool) -> None:
-        while not stop.is_set():
-            self._look = anyio.Event()
-            active = await self.lane.run(self.store.active_jobs)
-            for job in active:
-                await self.step(job)
-            if until_idle and not active and not await self.lane.run(self.store.has_work):
-                return
-            with anyio.move_on_after(self.settings.poll_interval):
-                await first_done(stop.wait, self._look.wait)
+    async def run(self, *, stop: anyio.Event, until_idle: bool, stepped: Callable[[], None] = lambda: None) -> None:
+        """`stepped` is called after each round of steps (a step may have queued requests: gaps to
+        fill) and when the loop ends (the claim loop may be waiting on jobs, not requests)."""
+        try:
+            while not stop.is_set():
+                self._look = anyio.Event()
+                active = await self.lane.run(self.store.active_jobs)
+                moved = False
+                for job in active:
+                    done = await self.step(job)
+                    moved |= done is not None and (done.ended is not None or done.phase != job["phase"])
+                if active:
+                    stepped()
+                if until_idle and not active and not await self.lane.run(self.store.has_work):
+                    return
+                if moved:  # a job changed phase: its next step may be due already
+                    continue
+                with anyio.move_on_after(self.settings.poll_interval):
+                    await first_done(stop.wait, self._look.wait)
+        finally:
+            stepped()
 
     async def step(self, job: dict[str, Any]) -> Step | None:
         """One job's step inside its own error boundary: a bug in one job fails that job only.

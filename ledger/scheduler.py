@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,8 @@ class Scheduler:
         self._stopping = False
         self._stop = anyio.Event()
         self._last_reclaim = -float("inf")
+        # Called when the last call in flight has ended (the daemon steps its jobs then).
+        self.idle: Callable[[], None] = lambda: None
         self.limits: dict[str, Any] = {
             "lease_seconds": settings.lease_seconds,
             "global_limit": settings.max_concurrent_llm_calls,
@@ -87,6 +90,11 @@ class Scheduler:
         # Leases in hand include those whose answers wait to be written (issue 12): never reclaimed here.
         held = sorted(set(self.leases.held()) | set(self.ctx.recorder.unwritten()))
         return {**limits, "reclaim": True, "held": held}
+
+    def look_now(self) -> None:
+        """Claim (or, with until_idle, check for the end) at once instead of at the next poll:
+        a job step queued requests, or the job or batch loop has ended."""
+        self._wake.set()
 
     def slot_freed(self, claim: Claim | None = None) -> None:
         """Slots came free. With the claim the recorder made in the same transaction, they are
@@ -201,6 +209,7 @@ class Scheduler:
             if self.state.in_flight == 0:
                 self._all_done.set()
                 self._wake.set()
+                self.idle()
 
     async def _call(self, request: ClaimedRequest) -> None:
         try:

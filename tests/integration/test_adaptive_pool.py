@@ -198,10 +198,14 @@ def test_a_claim_leaves_alone_a_pool_whose_refusal_is_on_its_way(store: Store) -
         )
         for i in range(4)
     )
-    taken = store.claim(
-        "w", lease_seconds=30, global_limit=8, pool_limit=lambda _: 8, max_attempts=5, max_claims=8, hold=["mock:m"]
-    ).requests
+    limits = {"lease_seconds": 30, "global_limit": 8, "pool_limit": lambda _: 8, "max_attempts": 5, "max_claims": 8}
+    taken = store.claim("w", **limits, hold=["mock:m"]).requests
     assert sorted(r.endpoint for r in taken) == ["mock:n"] * 4
+    # A group commit's own claim (the refill of what it freed) holds the pool the same way.
+    recorded = store.record([Completed(taken[0], 1, "ok", 5)], claim_for="w", **limits, hold=["mock:m"])
+    assert recorded.claim is not None and recorded.claim.requests == []
+    recorded = store.record([Completed(taken[1], 1, "ok", 5)], claim_for="w", **limits)
+    assert recorded.claim is not None and [r.endpoint for r in recorded.claim.requests] == ["mock:m"] * 6
 
 
 def test_a_refusal_in_hand_holds_its_pool_out_of_claims_until_it_is_written(store: Store) -> None:

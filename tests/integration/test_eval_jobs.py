@@ -304,3 +304,17 @@ def test_reparse_waits_for_the_job_to_end_and_waiting_for_an_unknown_job_says_so
         reparse(store, "busy")
     with Ledger(settings=settings) as ledger, pytest.raises(LookupError, match="no job 'nope'"):
         ledger.wait("nope", timeout=1)
+
+
+def test_an_until_idle_run_with_a_job_and_its_gaps_ends_on_events_not_polls(
+    db_url: str, mock: RunningMockProvider
+) -> None:
+    """Polls an hour apart: the gap requests a job step queues are claimed at once, and the run
+    ends when the job does (run's deadline: 60 s)."""
+    settings = batch_settings(db_url, mock, BATCHING_ENABLED=True, LEDGER_POLL_INTERVAL=3600)
+    store = Store(db_url)
+    trigger(store, settings, small_spec("events", system="Judge. [[mock:omit=2]]"))
+    run(settings)
+    assert store.get_job("events")["status"] == "completed"  # type: ignore[index]
+    assert len(opinion_map(store, "events")) == 10
+    assert len(store.list_requests(job_id="events")) == 3  # the structured request and two gaps

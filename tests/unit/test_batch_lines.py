@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ class _Streamed:
     [
         [b'{"a": 1}\n{"b": "\xc3\xa9"}\n\n  \n{"c": 3}'],  # no newline at the end
         [b'{"a"', b': 1}\n{"b": "\xc3', b'\xa9"}\n', b"\n  \n", b'{"c": 3}\n'],  # cut anywhere, even in a character
+        [b'{"a": 1}\r\n{"b": "\xc3\xa9"}\r\n\r\n{"c": 3}\r\n'],  # CRLF: json.loads takes the trailing \r
+        [b'{"a"', b": ", b"1}", b'\n{"b": "\xc3\xa9"}\n{"c": 3}'],  # a line longer than one chunk
     ],
 )
 def test_lines_are_split_from_the_bytes_however_they_arrive(chunks: list[bytes]) -> None:
@@ -62,4 +65,18 @@ def test_lines_are_split_from_the_bytes_however_they_arrive(chunks: list[bytes])
     async def read() -> list[bytes]:
         return [line async for line in nonblank_lines(opened())]
 
-    assert anyio.run(read) == [b'{"a": 1}', b'{"b": "\xc3\xa9"}', b'{"c": 3}']
+    assert [json.loads(line) for line in anyio.run(read)] == [{"a": 1}, {"b": "\u00e9"}, {"c": 3}]
+
+
+def test_a_separator_inside_a_json_string_does_not_split_its_line() -> None:
+    """U+2028, U+2029 and U+0085 are line breaks to `str.splitlines`, not to JSONL."""
+    text = '{"t": "a\u2028b\u2029c\u0085d"}\n{"t": "e"}\n'.encode()
+
+    @asynccontextmanager
+    async def opened() -> AsyncIterator[_Streamed]:
+        yield _Streamed([text])
+
+    async def read() -> list[bytes]:
+        return [line async for line in nonblank_lines(opened())]
+
+    assert [json.loads(line)["t"] for line in anyio.run(read)] == ["a\u2028b\u2029c\u0085d", "e"]
