@@ -91,7 +91,7 @@ async def run_daemon(
         recorder.metrics = scheduler.metrics = scheduler.leases.metrics = served.metrics
     batch_worker = BatchWorker(store, lane, settings, worker, batch_adapters)
     coordinator = Coordinator(store, lane, settings)
-    scheduler.idle = coordinator.look_now
+    scheduler.idle = coordinator.calls_answered
     events.started(
         worker_id=worker,
         max_concurrent_llm_calls=settings.max_concurrent_llm_calls,

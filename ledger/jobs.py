@@ -186,12 +186,18 @@ class Coordinator:
     def __init__(self, store: Store, lane: DbLane, settings: Settings) -> None:
         self.store, self.lane, self.settings = store, lane, settings
         self._look = anyio.Event()
+        self._jobs_active = False  # as of the last cycle
 
     def look_now(self) -> None:
-        """Step the jobs at once instead of at the next poll: the daemon's calls have all been
-        answered (or its claim loop found nothing left), so a job may be ready to parse, to
-        fill its gaps or to end."""
+        """Step the jobs at once instead of at the next poll (the claim loop found nothing left)."""
         self._look.set()
+
+    def calls_answered(self) -> None:
+        """The daemon's calls have all been answered: a job may be ready to parse, to fill its
+        gaps or to end. Ignored while no job is active (at zero latency this comes after
+        nearly every group commit, and a cycle costs the lane a query)."""
+        if self._jobs_active:
+            self._look.set()
 
     async def run(self, *, stop: anyio.Event, until_idle: bool, stepped: Callable[[], None] = lambda: None) -> None:
         """`stepped` is called after each round of steps (a step may have queued requests: gaps to
@@ -200,6 +206,7 @@ class Coordinator:
             while not stop.is_set():
                 self._look = anyio.Event()
                 active = await self.lane.run(self.store.active_jobs)
+                self._jobs_active = bool(active)
                 moved = False
                 for job in active:
                     done = await self.step(job)
