@@ -23,6 +23,7 @@ from ledger.settings import load_settings
 from ledger.store import Store
 from ledger.store.pools import PROBE_ROUNDS
 from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, Outcome, RetryLater
+from tests.integration.store_helpers import add_requests
 
 RATE_LIMITED = AttemptFailure(429, "rate_limit_error", "too many in flight", 3)
 
@@ -30,14 +31,7 @@ RATE_LIMITED = AttemptFailure(429, "rate_limit_error", "too many in flight", 3)
 @pytest.fixture
 def store(db_url: str) -> Iterator[Store]:
     s = Store(db_url)
-    s.enqueue(
-        to_row(
-            build_spec(
-                model="m", provider="mock", idempotency_key=f"r{i}", messages=[{"role": "user", "content": f"q{i}"}]
-            )
-        )
-        for i in range(400)
-    )
+    add_requests(s, 400, prefix="r")
     yield s
     s.close()
 
@@ -192,12 +186,7 @@ def test_a_claim_leaves_alone_a_pool_whose_refusal_is_on_its_way(store: Store) -
     """A 429 handed in and not yet written: its lesson is not in the database, so the claim
     made meanwhile (a group commit's refill, a slow-start step) opens nothing in that pool,
     and other pools go on."""
-    store.enqueue(
-        to_row(
-            build_spec(model="n", provider="mock", idempotency_key=f"n{i}", messages=[{"role": "user", "content": "q"}])
-        )
-        for i in range(4)
-    )
+    add_requests(store, 4, model="n")
     limits = {"lease_seconds": 30, "global_limit": 8, "pool_limit": lambda _: 8, "max_attempts": 5, "max_claims": 8}
     taken = store.claim("w", **limits, hold=["mock:m"]).requests
     assert sorted(r.endpoint for r in taken) == ["mock:n"] * 4

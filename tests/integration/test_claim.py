@@ -12,6 +12,7 @@ from ledger.enqueue import build_spec, to_row
 from ledger.store import Store
 from ledger.store.queue import CancelResult
 from ledger.store.rows import AttemptFailure, Claim, Completed, PoolWindow, RetryLater, Written
+from tests.integration.store_helpers import add_requests
 
 
 @pytest.fixture
@@ -19,21 +20,6 @@ def store(db_url: str) -> Iterator[Store]:
     s = Store(db_url)
     yield s
     s.close()
-
-
-def add(store: Store, n: int, *, model: str = "m", job: str | None = None, prefix: str = "r") -> None:
-    store.enqueue(
-        to_row(
-            build_spec(
-                model=model,
-                provider="mock",
-                job_id=job,
-                idempotency_key=f"{prefix}-{i}",
-                messages=[{"role": "user", "content": f"{prefix} {i}"}],
-            )
-        )
-        for i in range(n)
-    )
 
 
 def complete(store: Store, claimed: Claim) -> None:
@@ -63,15 +49,15 @@ def claim(
 
 
 def test_global_limit_counts_every_worker(store: Store) -> None:
-    add(store, 12)
+    add_requests(store, 12)
     assert len(claim(store, "w1")) == 5
     assert claim(store, "w2") == []
     assert store.status_counts()["running"] == 5
 
 
 def test_a_saturated_pool_never_blocks_another(store: Store) -> None:
-    add(store, 10, model="slow", prefix="s")
-    add(store, 3, model="fast", prefix="f")
+    add_requests(store, 10, model="slow", prefix="s")
+    add_requests(store, 3, model="fast", prefix="f")
     limits = {"mock:slow": 2, "mock:fast": 5}
     ids = claim(store, pool=lambda ep: limits[ep], limit=10)
     usage = store.pool_usage()
@@ -81,10 +67,10 @@ def test_a_saturated_pool_never_blocks_another(store: Store) -> None:
 
 
 def test_a_small_job_is_not_starved_by_a_huge_one(store: Store) -> None:
-    add(store, 200, job="huge", prefix="h")
+    add_requests(store, 200, job="huge", prefix="h")
     first = store.claim("w1", lease_seconds=30, global_limit=4, pool_limit=lambda _: 4, max_attempts=3, max_claims=4)
     assert len(first.requests) == 4  # the huge job starts first
-    add(store, 3, job="small", prefix="s")
+    add_requests(store, 3, job="small", prefix="s")
     # Free the slots: the next claims interleave the small job instead of queueing it last.
     complete(store, first)
     next_ids = claim(store, limit=4)
@@ -93,7 +79,7 @@ def test_a_small_job_is_not_starved_by_a_huge_one(store: Store) -> None:
 
 
 def test_priority_runs_first(store: Store) -> None:
-    add(store, 5, prefix="low")
+    add_requests(store, 5, prefix="low")
     store.enqueue(
         [
             to_row(
@@ -112,7 +98,7 @@ def test_priority_runs_first(store: Store) -> None:
 
 
 def test_cancel_wins_over_a_late_completion(store: Store) -> None:
-    add(store, 1)
+    add_requests(store, 1)
     result = store.claim("w1", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5)
     (request,) = result.requests
     assert store.cancel(ids=[request.id]) == CancelResult(canceled=0, in_flight=1)
@@ -125,7 +111,7 @@ def test_cancel_wins_over_a_late_completion(store: Store) -> None:
 
 
 def test_expired_lease_is_reclaimed_and_the_stale_worker_is_fenced_out(store: Store) -> None:
-    add(store, 1)
+    add_requests(store, 1)
     old = store.claim(
         "dead", lease_seconds=0.05, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5
     ).requests[0]
@@ -143,7 +129,7 @@ def test_expired_lease_is_reclaimed_and_the_stale_worker_is_fenced_out(store: St
 
 
 def test_retry_that_releases_the_slot_waits_for_its_deadline(store: Store) -> None:
-    add(store, 1)
+    add_requests(store, 1)
     (request,) = store.claim(
         "w", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=5
     ).requests
@@ -156,8 +142,8 @@ def test_retry_that_releases_the_slot_waits_for_its_deadline(store: Store) -> No
 
 
 def test_429_cooldown_stops_every_worker_claiming_from_the_pool(store: Store) -> None:
-    add(store, 3, model="limited", prefix="l")
-    add(store, 1, model="other", prefix="o")
+    add_requests(store, 3, model="limited", prefix="l")
+    add_requests(store, 1, model="other", prefix="o")
     (first,) = store.claim(
         "w", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=1
     ).requests
@@ -169,7 +155,7 @@ def test_429_cooldown_stops_every_worker_claiming_from_the_pool(store: Store) ->
 
 
 def test_a_shorter_retry_after_never_cuts_a_longer_cooldown_short(store: Store) -> None:
-    add(store, 2, model="limited", prefix="l")
+    add_requests(store, 2, model="limited", prefix="l")
     calls = store.claim("w", lease_seconds=30, global_limit=5, pool_limit=lambda _: 5, max_attempts=3, max_claims=2)
     failure = AttemptFailure(429, "rate_limit", "slow down", 5)
     long, short = (  # 429s whose headers say the window is spent: the whole pool waits
@@ -186,7 +172,7 @@ def test_a_shorter_retry_after_never_cuts_a_longer_cooldown_short(store: Store) 
 def test_two_claimers_in_the_same_moment_never_overshoot(pg_url: str, limit: int) -> None:
     """Force two claim transactions to start together, many times; the limit must hold."""
     stores = [Store(pg_url), Store(pg_url)]
-    add(stores[0], 400)
+    add_requests(stores[0], 400)
     overshoot: list[int] = []
     for _ in range(30):
         barrier = threading.Barrier(2)

@@ -17,11 +17,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from ledger.enqueue import build_spec, to_row
 from ledger.store import Store
 from ledger.store.dialect import CLAIM_LOCK
 from ledger.store.queue import CancelResult
 from ledger.store.rows import AttemptFailure, Claim, Completed, RetryLater, Written
+from tests.integration.store_helpers import add_requests
 
 LIMITS: dict[str, Any] = {"global_limit": 5, "pool_limit": lambda _: 5, "max_attempts": 3, "max_claims": 5}
 
@@ -33,27 +33,13 @@ def store(db_url: str) -> Iterator[Store]:
     s.close()
 
 
-def add(store: Store, n: int, model: str = "m") -> None:
-    store.enqueue(
-        to_row(
-            build_spec(
-                model=model,
-                provider="mock",
-                idempotency_key=f"{model}-{i}",
-                messages=[{"role": "user", "content": f"{model} {i}"}],
-            )
-        )
-        for i in range(n)
-    )
-
-
 def claim(store: Store, worker: str, *, lease: float = 30.0, **limits: Any) -> Claim:
     """`lease` < 0 claims with a lease that has already run out (a worker that died at once)."""
     return store.claim(worker, lease_seconds=lease, **{**LIMITS, **limits})
 
 
 def test_a_canceled_call_in_flight_keeps_its_slot_until_it_returns(store: Store) -> None:
-    add(store, 2)
+    add_requests(store, 2)
     (call,) = claim(store, "w1", global_limit=1).requests
     assert store.cancel(ids=[call.id]) == CancelResult(canceled=0, in_flight=1)
     assert store.status_counts()["running"] == 1  # the provider is still working on it
@@ -65,7 +51,7 @@ def test_a_canceled_call_in_flight_keeps_its_slot_until_it_returns(store: Store)
 
 
 def test_canceling_a_waiting_request_ends_it_at_once_and_a_final_one_not_at_all(store: Store) -> None:
-    add(store, 3)
+    add_requests(store, 3)
     (done,) = claim(store, "w", max_claims=1).requests
     store.record([Completed(done, 1, "ok", 1)])
     result = store.cancel(ids=[done.id, done.id + 1])
@@ -75,7 +61,7 @@ def test_canceling_a_waiting_request_ends_it_at_once_and_a_final_one_not_at_all(
 
 
 def test_a_cancel_during_a_held_back_off_ends_the_request_before_another_call(store: Store) -> None:
-    add(store, 1)
+    add_requests(store, 1)
     (call,) = claim(store, "w").requests
     busy = AttemptFailure(503, "server_error", "busy", 3)
     assert store.record([RetryLater(call, 1, busy, delay_s=5, hold_slot=True)]).written == [Written.APPLIED]
@@ -89,7 +75,7 @@ def test_a_cancel_during_a_held_back_off_ends_the_request_before_another_call(st
 
 
 def test_a_retry_that_would_release_its_slot_ends_canceled_instead(store: Store) -> None:
-    add(store, 1)
+    add_requests(store, 1)
     (call,) = claim(store, "w").requests
     store.cancel(ids=[call.id])
     timed_out = AttemptFailure(None, "timeout", "no answer", 100)
@@ -98,7 +84,7 @@ def test_a_retry_that_would_release_its_slot_ends_canceled_instead(store: Store)
 
 
 def test_a_dead_workers_canceled_request_ends_canceled_when_its_lease_runs_out(store: Store) -> None:
-    add(store, 2)
+    add_requests(store, 2)
     dead = claim(store, "dead", lease=-1).requests
     store.cancel(ids=[dead[0].id])
     alive = claim(store, "alive")
@@ -112,7 +98,7 @@ def test_a_dead_workers_canceled_request_ends_canceled_when_its_lease_runs_out(s
 
 @pytest.mark.parametrize(("max_attempts", "ends"), [(1, "error"), (2, "queued")])
 def test_a_call_cut_off_by_a_stop_counts_against_the_attempt_budget(store: Store, max_attempts: int, ends: str) -> None:
-    add(store, 1)
+    add_requests(store, 1)
     (call,) = claim(store, "w").requests
     released = store.release_worker("w", max_attempts)
     assert [r.id for r in released.requests] == [call.id] and released.active_slots == 0
@@ -127,7 +113,7 @@ def test_a_call_cut_off_by_a_stop_counts_against_the_attempt_budget(store: Store
 def test_a_dead_worker_during_the_last_attempt_ends_the_request_in_error(
     store: Store, max_attempts: int, ends: str
 ) -> None:
-    add(store, 1)
+    add_requests(store, 1)
     (call,) = claim(store, "dead", lease=-1).requests
     alive = claim(store, "alive", max_attempts=max_attempts)
     assert [r.id for r in alive.reclaimed.requests] == [call.id]
@@ -140,7 +126,7 @@ def test_a_dead_worker_during_the_last_attempt_ends_the_request_in_error(
 
 
 def test_only_the_leases_a_worker_is_working_on_are_renewed(store: Store) -> None:
-    add(store, 2)
+    add_requests(store, 2)
     working, forgotten = claim(store, "w", lease=-1).requests
     assert store.renew_leases("w", 30, [(working.id, working.token)]) == [(working.id, working.token)]
     other = claim(store, "other")
@@ -150,7 +136,7 @@ def test_only_the_leases_a_worker_is_working_on_are_renewed(store: Store) -> Non
 
 
 def test_a_lease_claimed_again_is_not_renewed_for_the_earlier_claim(store: Store) -> None:
-    add(store, 1)
+    add_requests(store, 1)
     (first,) = claim(store, "w", lease=-1).requests  # its lease ran out; it is reclaimed and claimed again
     (again,) = claim(store, "w", lease=-1).requests
     assert again.id == first.id and again.token != first.token
@@ -161,7 +147,7 @@ def test_a_lease_claimed_again_is_not_renewed_for_the_earlier_claim(store: Store
 def test_a_late_claimer_keeps_what_it_is_working_on_instead_of_reclaiming_it(store: Store) -> None:
     """A daemon that could not renew in time (a database outage) and claims again: its own
     calls in flight are renewed, not reclaimed and called a second time beside themselves."""
-    add(store, 3)
+    add_requests(store, 3)
     working, forgotten = claim(store, "w", lease=-1, max_claims=2).requests
     late = claim(store, "w", held=[(working.id, working.token)])
     assert [r.id for r in late.reclaimed.requests] == [forgotten.id]
@@ -206,7 +192,7 @@ def test_recording_while_a_claimer_reclaims_the_same_row_does_not_deadlock(pg_ur
     and with it a paid result.
     """
     store, claimer = Store(pg_url), Store(pg_url)
-    add(store, 1)
+    add_requests(store, 1)
     (call,) = claim(store, "slow", lease=-1).requests  # its lease ran out while the call was made
     with claimer.engine.connect() as conn:
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
@@ -232,7 +218,7 @@ def test_two_daemons_learning_a_limit_at_once_keep_the_lower_lesson(pg_url: str)
     """Our 429 says "at most 3" (3 other calls in flight) while another daemon, not committed yet,
     learned 2: the lower lesson stands, whichever commits last (never overwritten by ours)."""
     store, other = Store(pg_url), Store(pg_url)
-    add(store, 4)
+    add_requests(store, 4)
     calls = claim(store, "w", max_claims=4).requests
     assert len(calls) == 4
     with other.engine.begin() as conn:
@@ -259,7 +245,7 @@ def test_cancel_catches_a_request_going_back_to_the_queue_at_that_moment(pg_url:
     moved from running to queued between them matched neither and was called again.
     """
     store, recorder = Store(pg_url), Store(pg_url)
-    add(store, 1)
+    add_requests(store, 1)
     (call,) = claim(store, "w").requests
     with recorder.engine.connect() as conn:
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
@@ -283,7 +269,7 @@ def test_a_renewal_given_up_on_never_lands_later(pg_url: str) -> None:
     """The daemon gives up a renewal stuck behind a lock when its leases are about to lapse; the
     database must give it up too, or it would land later and revive leases already let go."""
     store, blocker = Store(pg_url), Store(pg_url)
-    add(store, 1)
+    add_requests(store, 1)
     (call,) = claim(store, "w").requests
     key = (call.id, call.token)
     before = store.get_request(call.id)["lease_expires_at"]  # type: ignore[index]
@@ -303,7 +289,7 @@ def test_a_renewal_given_up_on_never_lands_later(pg_url: str) -> None:
 def test_a_late_outcome_does_not_rewrite_the_attempt_a_takeover_marked_lost(store: Store) -> None:
     """Issue 12: the attempt row is fenced like the request row. A worker frozen past its lease
     comes back with an answer: the takeover's `lost` attempt stays lost, the new owner's stays its own."""
-    add(store, 1)
+    add_requests(store, 1)
     (stale,) = claim(store, "frozen", lease=-1).requests  # its lease has already run out
     (fresh,) = claim(store, "taker").requests  # reclaims it (attempt 1 lost) and claims attempt 2
     assert fresh.id == stale.id and fresh.attempt == 2
@@ -326,7 +312,7 @@ def test_a_claim_after_an_outage_does_not_reclaim_rows_whose_answers_wait_to_be_
     from ledger.scheduler import Scheduler
     from ledger.settings import load_settings
 
-    add(store, 1)
+    add_requests(store, 1)
     (answered,) = claim(store, "daemon", lease=-1).requests  # its lease ran out during the outage
     settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=db_url)
     lane = DbLane(1.0)
@@ -359,7 +345,7 @@ def test_a_daemon_woken_after_a_freeze_does_not_call_for_a_lease_it_may_have_los
     from ledger.scheduler import Scheduler
     from ledger.settings import load_settings
 
-    add(store, 1)
+    add_requests(store, 1)
     settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=db_url, LEDGER_LEASE_SECONDS=2)
     lane = DbLane(1.0)
     adapter = MockAdapter()
@@ -389,7 +375,7 @@ def test_a_renewal_that_sees_answered_requests_finish_cuts_nothing_off(db_url: s
     from ledger.record import DbLane, Recorder
     from ledger.settings import load_settings
 
-    add(store, 2)
+    add_requests(store, 2)
     settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=db_url)
     answered, working = claim(store, "daemon").requests
     recorder = Recorder(store, DbLane(1.0), lambda _claim: None)

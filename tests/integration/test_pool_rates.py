@@ -24,6 +24,7 @@ from ledger.settings import SettingsError, load_settings, parse_pool_limits
 from ledger.store import Store
 from ledger.store.pools import PoolRules
 from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, RetryLater
+from tests.integration.store_helpers import add_requests
 
 POOL = "mock:m"
 
@@ -33,22 +34,6 @@ def store(db_url: str) -> Iterator[Store]:
     s = Store(db_url)
     yield s
     s.close()
-
-
-def add(store: Store, n: int, *, model: str = "m", max_tokens: int | None = None) -> None:
-    params: dict[str, Any] = {"max_tokens": max_tokens} if max_tokens else {}
-    store.enqueue(
-        to_row(
-            build_spec(
-                model=model,
-                provider="mock",
-                idempotency_key=f"{model}-{i}",
-                messages=[{"role": "user", "content": f"q{i}"}],
-                params=params,
-            )
-        )
-        for i in range(n)
-    )
 
 
 def claim(store: Store, n: int = 16) -> list[ClaimedRequest]:
@@ -88,8 +73,8 @@ def test_rpm_and_tpm_are_read_like_pool_limits_and_name_their_variable() -> None
 
 def test_an_rpm_cap_holds_the_pool_and_never_another_pool(store: Store) -> None:
     store.pool_rules = PoolRules(rpm={POOL: 3}, window_s=0.5)
-    add(store, 6)
-    add(store, 2, model="other")
+    add_requests(store, 6)
+    add_requests(store, 2, model="other")
     first = claim(store)
     assert sorted(r.endpoint for r in first) == [POOL] * 3 + ["mock:other"] * 2
     store.record([Completed(r, 1, "ok", 5, 10, 10) for r in first])
@@ -101,7 +86,7 @@ def test_an_rpm_cap_holds_the_pool_and_never_another_pool(store: Store) -> None:
 
 def test_a_tpm_cap_reserves_the_estimate_and_settles_with_the_usage(store: Store) -> None:
     store.pool_rules = PoolRules(tpm={POOL: 1000}, window_s=30)
-    add(store, 6, max_tokens=300)  # estimate: 300 + a few prompt bytes / 3 each
+    add_requests(store, 6, max_tokens=300)  # estimate: 300 + a few prompt bytes / 3 each
     held = claim(store)
     assert len(held) == 3  # 3 x ~305 fit in 1,000; a 4th does not
     store.record([Completed(held[0], 1, "ok", 5, 10, 20)])  # used 30, not ~305
@@ -113,7 +98,7 @@ def test_a_tpm_cap_reserves_the_estimate_and_settles_with_the_usage(store: Store
 
 def test_a_retry_holding_its_slot_waits_for_a_full_window(store: Store) -> None:
     store.pool_rules = PoolRules(rpm={POOL: 1}, window_s=30)
-    add(store, 1)
+    add_requests(store, 1)
     (call,) = claim(store)
     store.record([RetryLater(call, 1, AttemptFailure(503, "http_503", "down", 1), 0.0, hold_slot=True)])
     after = store.begin_attempt(call)
@@ -125,7 +110,7 @@ def test_a_retry_holding_its_slot_waits_for_a_full_window(store: Store) -> None:
 
 def test_slow_start_opens_one_slot_more_when_all_are_busy(store: Store) -> None:
     store.pool_rules = PoolRules(slow_start=True)
-    add(store, 20)
+    add_requests(store, 20)
     first = store.claim("w", lease_seconds=30, global_limit=16, pool_limit=lambda _: 16, max_attempts=5, max_claims=16)
     assert len(first.requests) == 1 and first.ramping
     assert len(claim(store)) == 1  # 1 busy = the peak: one more
@@ -140,7 +125,7 @@ def test_a_group_commit_whose_answers_prove_the_peak_opens_one_more_at_once(stor
     """At low latency the calls are answered before the claim loop's pace is up: the group commit's
     own claim sees every slot of the peak busy until its answers, and opens one more then."""
     store.pool_rules = PoolRules(slow_start=True)
-    add(store, 20)
+    add_requests(store, 20)
     limits = {"lease_seconds": 30, "global_limit": 16, "pool_limit": lambda _: 16, "max_attempts": 5, "max_claims": 16}
     (call,) = store.claim("w", **limits).requests  # the peak is 1
     recorded = store.record([Completed(call, 1, "ok", 5)], claim_for="w", **limits)
@@ -229,7 +214,7 @@ def test_headers_slow_the_pool_down_before_a_429(db_url: str, provider: str) -> 
 def test_a_429_saying_the_window_is_spent_cools_the_pool_and_teaches_no_limit(store: Store) -> None:
     from ledger.store.rows import PoolWindow
 
-    add(store, 4)
+    add_requests(store, 4)
     held = claim(store, 4)
     refused = RetryLater(
         held[0], 1, AttemptFailure(429, "rate_limit", "rpm", 1), 2.0, False, 2.0, PoolWindow(0, 2.0), calls_out=3

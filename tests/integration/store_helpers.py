@@ -1,0 +1,35 @@
+"""Queued requests for the store-level tests: mock-provider rows, one pool per model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger.enqueue import build_spec, to_row
+from ledger.store import Store
+
+
+def add_requests(
+    store: Store,
+    n: int,
+    *,
+    model: str = "m",
+    job: str | None = None,
+    prefix: str | None = None,
+    max_tokens: int | None = None,
+) -> None:
+    """`n` requests to pool `mock:<model>`, keyed `<prefix>-<i>` (the prefix defaults to the model)."""
+    prefix = prefix or model
+    params: dict[str, Any] = {"max_tokens": max_tokens} if max_tokens else {}
+    store.enqueue(
+        to_row(
+            build_spec(
+                model=model,
+                provider="mock",
+                job_id=job,
+                idempotency_key=f"{prefix}-{i}",
+                messages=[{"role": "user", "content": f"{prefix} {i}"}],
+                params=params,
+            )
+        )
+        for i in range(n)
+    )
