@@ -248,7 +248,7 @@ class Recorder:
             return {
                 w.outcome.request.endpoint
                 for w in self._pending
-                if isinstance(w.outcome, RetryLater) and w.outcome.calls_out is not None
+                if isinstance(w.outcome, RetryLater) and w.outcome.failure.status_code == 429
             }
 
     def in_hand(self) -> Collection[tuple[int, int]]:

@@ -203,10 +203,9 @@ class ClaimQueries:
         if free_total <= 0:
             return Claim([], total, reclaimed)
         # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py).
-        room = pool_state.PoolRoom.read(conn, in_flight, pool_limit, global_limit, self.pool_rules, proven or {})
+        room = pool_state.PoolRoom.read(conn, in_flight, pool_limit, global_limit, self.pool_rules, proven, hold)
         self.learning, self.windowed = set(room.learned), set(room.allowed)
-        full = sorted(set(room.full) | set(hold)) if hold else room.full
-        candidates = conn.execute(self._candidates, {"b_full": full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
+        candidates = conn.execute(self._candidates, {"b_full": room.full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
         picked: list[int] = []
         rows = list(candidates)
         budget = Budget.read(conn, daily_budget, rows, self.job_caps)

@@ -79,6 +79,10 @@ class PoolRules:
     def capped(self, endpoint: str) -> bool:
         return endpoint in self.rpm or endpoint in self.tpm
 
+    def spent(self, endpoint: str, calls: int, tokens: int) -> bool:
+        """The pool's window holds no room for another call: its RPM or its TPM is used up."""
+        return calls >= self.rpm.get(endpoint, calls + 1) or tokens >= self.tpm.get(endpoint, tokens + 1)
+
 
 NO_RULES = PoolRules()
 
@@ -127,7 +131,10 @@ class PoolRoom:
         global_limit: int,
         rules: PoolRules,
         proven: Mapping[str, int] | None = None,
+        hold: Collection[str] = (),
     ) -> PoolRoom:
+        """`hold`: pools with a 429 on its way to the ledger, whose lesson is not written yet:
+        this claim treats them as cooling down and opens nothing in them."""
         state = read_state(conn, pool_limit)
         window: dict[str, tuple[int, int]] = {}
         if rules.rated:
@@ -138,7 +145,7 @@ class PoolRoom:
             pool_limit,
             global_limit,
             rules,
-            state.cooling,
+            state.cooling | set(hold),
             state.learned,
             state.peaks,
             window,
@@ -164,7 +171,7 @@ class PoolRoom:
         full |= {ep for ep, left in self.allowed.items() if left <= 0}
         for ep in self.rules.rated:
             n, tokens = self.window.get(ep, (0, 0))
-            if n >= self.rules.rpm.get(ep, n + 1) or tokens >= self.rules.tpm.get(ep, tokens + 1):
+            if self.rules.spent(ep, n, tokens):
                 full.add(ep)
         return sorted(full)
 
@@ -243,7 +250,7 @@ def window_full(conn: Connection, endpoint: str, rules: PoolRules) -> bool:
     params = {"b_pools": [endpoint], "b_since": -rules.window_s}
     row = conn.execute(_WINDOW_USE, params).first()
     n, tokens = (int(row[1]), int(row[2])) if row else (0, 0)
-    return n >= rules.rpm.get(endpoint, n + 1) or tokens >= rules.tpm.get(endpoint, tokens + 1)
+    return rules.spent(endpoint, n, tokens)
 
 
 @dataclass
