@@ -492,8 +492,8 @@ def _outcome(line: BatchLine, request_id: int | None, price: Price | None) -> Li
     if request_id is None:
         return None
     cost = None
-    if line.kind == "succeeded" and price is not None and (line.input_tokens, line.output_tokens) != (None, None):
-        cost = price.cost(line.input_tokens, line.output_tokens, batch=True)
+    if line.kind == "succeeded" and price is not None:
+        cost = price.usage_cost(line.input_tokens, line.output_tokens, batch=True)
     return LineOutcome(
         request_id,
         line.kind,

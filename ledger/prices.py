@@ -42,6 +42,12 @@ class Price:
         usd = ((input_tokens or 0) * self.input + (output_tokens or 0) * self.output) * _PER_TOKEN
         return round(usd * (1.0 - self.batch_discount) if batch else usd, 10)
 
+    def usage_cost(self, input_tokens: int | None, output_tokens: int | None, *, batch: bool = False) -> float | None:
+        """`cost` of what a provider reported; None when it reported no usage at all."""
+        if input_tokens is None and output_tokens is None:
+            return None
+        return self.cost(input_tokens, output_tokens, batch=batch)
+
 
 class PriceTable:
     def __init__(self, prices: dict[tuple[str, str], Price]) -> None:
@@ -60,9 +66,7 @@ class PriceTable:
     ) -> float | None:
         """USD for this usage, or None for a model the table does not know (or unknown usage)."""
         price = self.price(provider, model)
-        if price is None or (input_tokens is None and output_tokens is None):
-            return None
-        return price.cost(input_tokens, output_tokens, batch=batch)
+        return None if price is None else price.usage_cost(input_tokens, output_tokens, batch=batch)
 
     def worst_case(
         self, provider: str, model: str, prompt_bytes: int, params: dict[str, Any] | None, *, batch: bool = False
