@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Select,
     String,
     and_,
     bindparam,
@@ -381,19 +382,23 @@ class BatchQueries:
             return dict(row._mapping) if row is not None else None
 
     def has_batch_work(self) -> bool:
-        """Batch requests queued (due or not) or submitted, or a batch not over yet."""
+        """A batch not over yet, or batch requests queued (due or not) or submitted."""
         pending = select(literal(1)).where(
             or_(
                 and_(_r.delivery == BATCH, _r.status == QUEUED),
                 _r.status == SUBMITTED,
             )
         )
-        open_batch = select(literal(1)).where(_b.status.in_(OPEN_BATCH))
-        with self.engine.connect() as conn:
-            return (
-                conn.execute(pending.limit(1)).first() is not None
-                or conn.execute(open_batch.limit(1)).first() is not None
-            )
+        return self.has_open_batch() or _exists(self.engine, pending)
+
+    def has_open_batch(self) -> bool:
+        """A batch not over yet: the small table, read before the requests (see `Store.has_work`)."""
+        return _exists(self.engine, select(literal(1)).where(_b.status.in_(OPEN_BATCH)))
+
+
+def _exists(engine: Engine, query: Select[Any]) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(query.limit(1)).first() is not None
 
 
 def _released(poll_in: float | None) -> dict[str, Any]:

@@ -440,10 +440,11 @@ class QueueQueries(ClaimQueries):
         marked = statuses.count(RUNNING)
         return CancelResult(len(statuses) - marked, marked)
 
-    def has_online_work(self) -> bool:
-        """Anything queued (due or not) or in flight for the online path."""
+    def has_requests_left(self) -> bool:
+        """Any request queued (due or not), in flight, or waiting in a provider batch."""
+        left = select(requests.c.id).where(requests.c.status.in_([QUEUED, RUNNING, RequestStatus.SUBMITTED.value]))
         with self.engine.connect() as conn:
-            return conn.execute(self._online_work(requests.c.id).limit(1)).first() is not None
+            return conn.execute(left.limit(1)).first() is not None
 
     def online_providers(self) -> set[str]:
         """Providers with online work waiting: the adapters a starting daemon should build first."""
