@@ -142,8 +142,8 @@ class BatchStore:
                 if not self._ended(batch):
                     return error_reply("anthropic", 400, "invalid_request_error", "batch has not ended")
                 self._finish(batch)
-                lines = "".join(json.dumps(r) + "\n" for r in batch.results or [])
-                return self._download(batch.id, lines.encode(), "application/x-jsonl")
+                assert batch.output_file_id is not None  # `_finish` wrote it
+                return self._download(batch.id, self.files[batch.output_file_id].content, "application/x-jsonl")
             return json_reply(200, self._anthropic_view(batch, host))
         return None
 
@@ -282,6 +282,8 @@ class BatchStore:
                     bad.append(r)
             batch.output_file_id = self._file(batch, "output", ok)
             batch.error_file_id = self._file(batch, "errors", bad) if bad else None
+        else:  # one results file, written once as the batch ends (a provider serves a finished file)
+            batch.output_file_id = self._file(batch, "results", batch.results)
 
     def _file(self, batch: Batch, name: str, rows: list[dict[str, Any]]) -> str:
         stored = StoredFile(
