@@ -1,11 +1,15 @@
-"""Waiting for whichever of several things happens first; task groups that fail as their task did."""
+"""Waiting for whichever of several things happens first; task groups that fail as their task did;
+a hand-off from a producer task to a consumer that takes everything waiting at once."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import Generic, TypeVar
 
 import anyio
+
+T = TypeVar("T")
 
 
 async def first_done(*waits: Callable[[], Awaitable[object]]) -> None:
@@ -30,3 +34,44 @@ def as_raised() -> Iterator[None]:
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise
+
+
+class Handoff(Generic[T]):
+    """Items from one producer task to one consumer task, which takes all that wait at once.
+
+    Group commit for a stream: while the consumer writes one take, the producer fills the
+    next, so takes grow to `most` when the consumer is the slower side and no fixed size has
+    to fill before anything is written (a download that stalls half-way has its parsed
+    lines written while it stalls). The producer waits while `capacity` items wait.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: list[T] = []
+        self._closed = False
+        self._changed = anyio.Event()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def put(self, item: T) -> None:
+        while len(self._items) >= self.capacity:
+            await self._changed.wait()
+        self._items.append(item)
+        if len(self._items) == 1:  # the consumer may be waiting for anything at all
+            self._notify()
+
+    def close(self) -> None:
+        """Nothing more comes: a `take` with nothing left returns empty."""
+        self._closed = True
+        self._notify()
+
+    async def take(self, most: int) -> list[T]:
+        """Up to `most` waiting items, oldest first, as soon as there is one; [] once closed and drained."""
+        while not self._items and not self._closed:
+            await self._changed.wait()
+        taken, self._items = self._items[:most], self._items[most:]
+        if taken:
+            self._notify()  # room for the producer
+        return taken

@@ -1,11 +1,12 @@
-"""Task groups that fail as their task did: callers' `except` clauses must see the real exception."""
+"""Task groups that fail as their task did (callers' `except` clauses must see the real exception);
+the hand-off between a batch download and its writer."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
 
-from ledger.waits import as_raised
+from ledger.waits import Handoff, as_raised
 
 
 class LeaseLost(Exception):
@@ -31,3 +32,69 @@ def test_several_failures_stay_a_group() -> None:
     with pytest.raises(BaseExceptionGroup) as caught:
         anyio.run(fail_in_a_task, LeaseLost("a"), ValueError("b"))
     assert len(caught.value.exceptions) == 2
+
+
+# -- Handoff: the batch mapper's parsed lines, from the download to the writer ---------------
+
+
+def test_a_take_gets_every_waiting_item_in_order_up_to_its_most() -> None:
+    async def main() -> list[list[int]]:
+        handoff = Handoff[int](capacity=10)
+        for i in range(5):
+            await handoff.put(i)
+        handoff.close()
+        return [await handoff.take(3), await handoff.take(3), await handoff.take(3)]
+
+    assert anyio.run(main) == [[0, 1, 2], [3, 4], []]
+
+
+def test_a_stalled_producer_does_not_keep_what_it_has_from_the_consumer() -> None:
+    """A download that stalls half-way: what was parsed before the stall is taken at once,
+    not held back until a full chunk is there."""
+
+    async def main() -> tuple[list[int], list[int]]:
+        handoff = Handoff[int](capacity=100)
+        resume = anyio.Event()
+
+        async def produce() -> None:
+            for i in range(3):
+                await handoff.put(i)
+            await resume.wait()  # the stall
+            await handoff.put(3)
+            handoff.close()
+
+        with anyio.fail_after(5):  # a take that waited for a full chunk would wait forever
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce)
+                during_stall = await handoff.take(100)
+                resume.set()
+                after = [i for chunk in [await handoff.take(100), await handoff.take(100)] for i in chunk]
+        return during_stall, after
+
+    assert anyio.run(main) == ([0, 1, 2], [3])
+
+
+def test_the_producer_waits_while_capacity_items_wait() -> None:
+    async def main() -> tuple[int, list[int], list[int]]:
+        handoff = Handoff[int](capacity=2)
+        put = 0
+
+        async def produce() -> None:
+            nonlocal put
+            for i in range(5):
+                await handoff.put(i)
+                put += 1
+            handoff.close()
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce)
+                await anyio.wait_all_tasks_blocked()
+                held_back = put  # two waiting, the third put blocked: memory stays bounded
+                first = await handoff.take(10)
+                rest: list[int] = []
+                while chunk := await handoff.take(10):
+                    rest += chunk
+        return held_back, first, rest
+
+    assert anyio.run(main) == (2, [0, 1], [2, 3, 4])
