@@ -46,6 +46,8 @@ class Handoff(Generic[T]):
     """
 
     def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"a Handoff holds at least one item, not {capacity}")
         self.capacity = capacity
         self._items: list[T] = []
         self._closed = False
@@ -56,6 +58,8 @@ class Handoff(Generic[T]):
         self._changed = anyio.Event()
 
     async def put(self, item: T) -> None:
+        if self._closed:  # the consumer may have stopped: the item would be dropped unseen
+            raise RuntimeError("put into a closed Handoff")
         while len(self._items) >= self.capacity:
             await self._changed.wait()
         self._items.append(item)
@@ -69,6 +73,8 @@ class Handoff(Generic[T]):
 
     async def take(self, most: int) -> list[T]:
         """Up to `most` waiting items, oldest first, as soon as there is one; [] once closed and drained."""
+        if most < 1:  # [] means "all done": a take of none would end its consumer early
+            raise ValueError(f"a take gets at least one item, not {most}")
         while not self._items and not self._closed:
             await self._changed.wait()
         taken, self._items = self._items[:most], self._items[most:]

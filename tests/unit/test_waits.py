@@ -98,3 +98,19 @@ def test_the_producer_waits_while_capacity_items_wait() -> None:
         return held_back, first, rest
 
     assert anyio.run(main) == (2, [0, 1], [2, 3, 4])
+
+
+def test_a_handoff_refuses_what_would_lose_items_silently() -> None:
+    """`take` answering [] means "all done": nothing may make it say so early, or drop a put."""
+
+    async def main() -> None:
+        handoff = Handoff[int](capacity=2)
+        with pytest.raises(ValueError, match="at least one"):
+            await handoff.take(0)
+        handoff.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            await handoff.put(1)
+
+    anyio.run(main)
+    with pytest.raises(ValueError, match="at least one"):
+        Handoff[int](capacity=0)
