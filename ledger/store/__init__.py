@@ -6,11 +6,12 @@ from sqlalchemy.engine import Engine
 
 from ledger.store.audit import AuditQueries
 from ledger.store.batch_results import BatchResultQueries
-from ledger.store.batches import BatchQueries
+from ledger.store.batches import OPEN_BATCHES, BatchQueries
+from ledger.store.commit import any_row
 from ledger.store.dialect import Dialect
 from ledger.store.intake import IntakeQueries
-from ledger.store.jobs import JobQueries
-from ledger.store.queue import EnqueueResult, QueueQueries
+from ledger.store.jobs import ACTIVE_JOBS, JobQueries
+from ledger.store.queue import REQUESTS_LEFT, EnqueueResult, QueueQueries
 from ledger.store.schema import DatabaseError, open_engine
 
 __all__ = ["DatabaseError", "EnqueueResult", "Store"]
@@ -33,11 +34,11 @@ class Store(QueueQueries, IntakeQueries, BatchQueries, BatchResultQueries, JobQu
         """Anything left for a daemon: online requests queued or in flight, provider batch work,
         or an evaluation job still to advance (parsing and gap-filling included).
 
-        The two small tables are read first: while a batch or a job is open (long stretches, in
+        One connection; the two small tables are read first: while a batch or a job is open (long stretches, in
         which every idle loop asks this each poll interval) the large one is not read at all. A
         mapping batch leaves tens of thousands of dead index entries behind it, which made the
         requests' probe 10-35 ms, queued in the database lane ahead of the mapping's writes."""
-        return self.has_open_batch() or self.has_active_jobs() or self.has_requests_left()
+        return any_row(self.engine, OPEN_BATCHES, ACTIVE_JOBS, REQUESTS_LEFT)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -22,7 +22,6 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Select,
     String,
     and_,
     bindparam,
@@ -39,7 +38,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import AttemptOutcome, BatchStatus, Delivery, LlmBatch, RequestStatus
 from ledger.store.claim import QUEUED, Budget, attempts, requests
-from ledger.store.commit import transaction
+from ledger.store.commit import any_row, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus, json_param, json_rows, unindexed
 
 batches = LlmBatch.__table__  # type: ignore[attr-defined]
@@ -49,6 +48,11 @@ SUBMITTED = RequestStatus.SUBMITTED.value
 BATCH = Delivery.BATCH.value
 OPEN_BATCH = (BatchStatus.QUEUED.value, BatchStatus.SUBMITTING.value, BatchStatus.SUBMITTED.value)
 _ATTACH_CHUNK = 10_000  # requests per attaching statement
+# A batch not over yet (the small table: read before the requests, see `Store.has_work`).
+OPEN_BATCHES = select(literal(1)).where(_b.status.in_(OPEN_BATCH))
+_BATCH_REQUESTS_LEFT = select(literal(1)).where(
+    or_(and_(_r.delivery == BATCH, _r.status == QUEUED), _r.status == SUBMITTED)
+)
 
 
 class BatchLeaseLost(RuntimeError):
@@ -383,22 +387,7 @@ class BatchQueries:
 
     def has_batch_work(self) -> bool:
         """A batch not over yet, or batch requests queued (due or not) or submitted."""
-        pending = select(literal(1)).where(
-            or_(
-                and_(_r.delivery == BATCH, _r.status == QUEUED),
-                _r.status == SUBMITTED,
-            )
-        )
-        return self.has_open_batch() or _exists(self.engine, pending)
-
-    def has_open_batch(self) -> bool:
-        """A batch not over yet: the small table, read before the requests (see `Store.has_work`)."""
-        return _exists(self.engine, select(literal(1)).where(_b.status.in_(OPEN_BATCH)))
-
-
-def _exists(engine: Engine, query: Select[Any]) -> bool:
-    with engine.connect() as conn:
-        return conn.execute(query.limit(1)).first() is not None
+        return any_row(self.engine, OPEN_BATCHES, _BATCH_REQUESTS_LEFT)
 
 
 def _released(poll_in: float | None) -> dict[str, Any]:

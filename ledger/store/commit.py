@@ -14,6 +14,8 @@ connection, what became of that id (`pg_xact_status`):
 
 A transaction without a known id (no claim lock taken, or SQLite, which has no
 connection to lose) keeps the old rule: the error stops the caller.
+
+Also here: `any_row`, the reads that only ask whether something exists.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
+from sqlalchemy import Select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -88,3 +92,10 @@ def _committed(engine: Engine, dialect: Dialect, xid: str) -> bool:
                 raise _StillInProgress(xid)
             return status == "committed"
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+def any_row(engine: Engine, *queries: Select[Any]) -> bool:
+    """Whether any of `queries` finds a row: asked in order on one connection, stopping at the
+    first that does (put the cheap ones first)."""
+    with engine.connect() as conn:
+        return any(conn.execute(query.limit(1)).first() is not None for query in queries)

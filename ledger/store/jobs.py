@@ -33,6 +33,7 @@ opinions = Opinion.__table__  # type: ignore[attr-defined]
 EVAL_KIND = "eval"
 RUNNING_JOB = JobStatus.RUNNING.value
 _ACTIVE = and_(jobs.c.kind == EVAL_KIND, jobs.c.status == RUNNING_JOB)
+ACTIVE_JOBS = select(jobs.c.id).where(_ACTIVE)  # an evaluation job still to advance
 # What the coordinator and the parsers read of a job's requests.
 _PARSE_COLUMNS = (
     requests.c.id,
@@ -137,10 +138,6 @@ class JobQueries:
     def active_jobs(self) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(select(jobs).where(_ACTIVE).order_by(jobs.c.created_at))]
-
-    def has_active_jobs(self) -> bool:
-        with self.engine.connect() as conn:
-            return conn.execute(select(jobs.c.id).where(_ACTIVE).limit(1)).first() is not None
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
         with self.engine.connect() as conn:

@@ -29,6 +29,8 @@ jobs = Job.__table__  # type: ignore[attr-defined]
 # New rows reported back for per-request events; beyond this an enqueue reports counts only,
 # so memory stays flat however large the input is.
 KEEP_INSERTED_MAX = 10_000
+# Any request queued (due or not), in flight, or waiting in a provider batch.
+REQUESTS_LEFT = select(requests.c.id).where(requests.c.status.in_([QUEUED, RUNNING, RequestStatus.SUBMITTED.value]))
 
 
 @dataclass(frozen=True)
@@ -439,12 +441,6 @@ class QueueQueries(ClaimQueries):
             statuses = list(ended)
         marked = statuses.count(RUNNING)
         return CancelResult(len(statuses) - marked, marked)
-
-    def has_requests_left(self) -> bool:
-        """Any request queued (due or not), in flight, or waiting in a provider batch."""
-        left = select(requests.c.id).where(requests.c.status.in_([QUEUED, RUNNING, RequestStatus.SUBMITTED.value]))
-        with self.engine.connect() as conn:
-            return conn.execute(left.limit(1)).first() is not None
 
     def online_providers(self) -> set[str]:
         """Providers with online work waiting: the adapters a starting daemon should build first."""
