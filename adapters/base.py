@@ -257,6 +257,19 @@ def reset_seconds(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def json_body(text: str, status_code: int) -> Any:
+    """An answer's body as JSON; one that is not is a transient provider fault, tried again."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise ProviderError(
+            f"malformed response body ({len(text)} bytes, not JSON)",
+            status_code=status_code,
+            retryable=True,
+            code="malformed_response",
+        ) from None
+
+
 def classify_status(status_code: int, message: str, body: Any = None, headers: Any = None) -> ProviderError:
     """Turn an HTTP error status into a ProviderError with the ledger's retry rules.
 

@@ -126,6 +126,13 @@ def test_malformed_body_is_a_retryable_failure(mock: RunningMockProvider) -> Non
     assert error.code == "malformed_response" and error.retryable
 
 
+def test_anthropic_malformed_body_is_a_retryable_failure(mock: RunningMockProvider) -> None:
+    adapter = AnthropicAdapter(api_key="k", base_url=mock.anthropic_base_url)
+    request = CallRequest(model="c", messages=[{"role": "user", "content": "x [[mock:malformed=1]] u-4"}])
+    error = failure(adapter, request)
+    assert (error.code, error.status_code, error.retryable) == ("malformed_response", 200, True)
+
+
 def test_sdk_timeout_is_retryable(mock: RunningMockProvider) -> None:
     error = failure(openai(mock), ask("stuck [[mock:hang=1]] unique-3"), timeout=0.3)
     assert error.code == "timeout" and error.retryable
