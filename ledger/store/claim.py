@@ -125,15 +125,6 @@ _TAKE_AND_START = select(*(_taken.c[col.name] for col in CLAIMED_COLUMNS)).add_c
     )
     .cte("started")
 )
-# How an attempt row is closed, online (record) and in a provider batch (mapping) alike.
-ATTEMPT_END: dict[str, Any] = {
-    "outcome": bindparam("b_outcome"),
-    "status_code": bindparam("b_status"),
-    "error_code": bindparam("b_code"),
-    "error_message": bindparam("b_message"),
-    "retry_delay_s": bindparam("b_delay"),
-    "finished_at": db_now(),
-}
 _ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
 
 

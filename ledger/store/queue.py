@@ -15,14 +15,28 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, func, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Integer,
+    String,
+    Text,
+    and_,
+    bindparam,
+    case,
+    column,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection
 
 from ledger.models import AttemptOutcome, Delivery, Job, RequestStatus
 from ledger.store import pools as pool_state
-from ledger.store.claim import ATTEMPT_END, QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
+from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
 from ledger.store.commit import transaction
-from ledger.store.dialect import db_now, db_now_plus
+from ledger.store.dialect import db_now, db_now_plus, json_param, json_rows
 from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater, Written
 
 jobs = Job.__table__  # type: ignore[attr-defined]
@@ -78,56 +92,90 @@ _EXPECTED_STATUS = {
     "retry_release": QUEUED,
 }
 
-# Fenced like the request row: only a `running` attempt is closed by its call's outcome. One
-# a takeover already marked `lost` stays lost, so the audit keeps the takeover (issue 12).
-_FINISH_ATTEMPT = (
-    update(attempts)
-    .where(
-        attempts.c.request_id == bindparam("b_id"),
-        attempts.c.attempt == bindparam("b_attempt"),
-        attempts.c.outcome == AttemptOutcome.RUNNING.value,
-    )
-    .values(latency_ms=bindparam("b_latency"), **ATTEMPT_END)
+# A group's outcomes, one row each (`_outcome_row`), as one JSON parameter: each statement below
+# writes the whole group at once. Per-row statements (an executemany) cost SQLite a step per
+# row, and every step hands the GIL to the event loop and waits to get it back: under HTTP
+# load that waiting was most of a group commit's time (issue 9).
+_V = json_rows(
+    "v",
+    "b_rows",
+    column("id", BigInteger),
+    column("token", BigInteger),
+    column("attempt", Integer),
+    column("outcome", String),
+    column("status", Integer),
+    column("code", String),
+    column("message", Text),
+    column("latency", Integer),  # the attempt's
+    column("elapsed", Integer),  # the request's, over all its attempts (a final failure)
+    column("delay", Float),
+    column("raw", Text),
+    column("tin", Integer),
+    column("tout", Integer),
+    column("cost", Float),
+    column("why", Text),
 )
+_v = _V.c
 
 
-def _attempt_values(o: Outcome) -> dict[str, Any]:
-    values: dict[str, Any] = {
-        "b_id": o.request.id,
-        "b_attempt": o.attempt,
-        "b_code": None,
-        "b_message": None,
-        "b_delay": None,
-    }
+def _outcome_row(o: Outcome) -> dict[str, Any]:
+    """One outcome as a row of `_V`: what its attempt row and its request row get."""
+    row: dict[str, Any] = {"id": o.request.id, "token": o.request.token, "attempt": o.attempt}
     if isinstance(o, Completed):
-        return values | {
-            "b_outcome": AttemptOutcome.SUCCEEDED.value,
-            "b_status": o.status_code,
-            "b_latency": o.latency_ms,
+        return row | {
+            "outcome": AttemptOutcome.SUCCEEDED.value,
+            "status": o.status_code,
+            "latency": o.latency_ms,
+            "elapsed": o.latency_ms,
+            "raw": o.raw_output,
+            "tin": o.input_tokens,
+            "tout": o.output_tokens,
+            "cost": o.cost_usd,
         }
     f = o.failure
     timed_out = isinstance(o, RetryLater) and f.error_code == "timeout"
-    return values | {
-        "b_outcome": (AttemptOutcome.TIMEOUT if timed_out else AttemptOutcome.FAILED).value,
-        "b_status": f.status_code,
-        "b_code": f.error_code,
-        "b_message": f.message,
-        "b_latency": f.latency_ms,
-        "b_delay": o.delay_s if isinstance(o, RetryLater) else None,
+    row |= {
+        "outcome": (AttemptOutcome.TIMEOUT if timed_out else AttemptOutcome.FAILED).value,
+        "status": f.status_code,
+        "code": f.error_code,
+        "message": f.message,
+        "latency": f.latency_ms,
     }
+    if isinstance(o, Failed):
+        return row | {"elapsed": o.elapsed_ms}
+    return row | {"delay": o.delay_s}
+
+
+# Fenced like the request row: only a `running` attempt is closed by its call's outcome. One
+# a takeover already marked `lost` stays lost, so the audit keeps the takeover (issue 12).
+_FINISH_ATTEMPTS = (
+    update(attempts)
+    .where(
+        attempts.c.request_id == _v.id,
+        attempts.c.attempt == _v.attempt,
+        attempts.c.outcome == AttemptOutcome.RUNNING.value,
+    )
+    .values(
+        outcome=_v.outcome,
+        status_code=_v.status,
+        error_code=_v.code,
+        error_message=_v.message,
+        retry_delay_s=_v.delay,
+        latency_ms=_v.latency,
+        finished_at=db_now(),
+    )
+)
 
 
 def _fenced_update(*, canceling: bool = False) -> Any:
-    """UPDATE of a row this lease still holds: same token, still `running`.
+    """UPDATE of the rows these leases still hold: same token, still `running`.
 
     Live rows (no cancel waiting) get the outcome as reported; rows whose cancel
     is waiting for this call (`canceling=True`) end `canceled` instead.
     """
     c = requests.c
     waiting = c.cancel_requested_at.is_not(None) if canceling else c.cancel_requested_at.is_(None)
-    return update(requests).where(
-        c.id == bindparam("b_id"), c.lease_token == bindparam("b_token"), c.status == RUNNING, waiting
-    )
+    return update(requests).where(c.id == _v.id, c.lease_token == _v.token, c.status == RUNNING, waiting)
 
 
 _RUNNING_UNMARKED = and_(requests.c.status == RUNNING, requests.c.cancel_requested_at.is_(None))
@@ -143,19 +191,19 @@ _FINAL = {
     "updated_at": db_now(),
 }
 _RETRY = {
-    "next_attempt_at": db_now_plus(bindparam("b_delay")),
-    "last_status_code": bindparam("b_status"),
-    "error_code": bindparam("b_code"),
-    "error_message": bindparam("b_message"),
+    "next_attempt_at": db_now_plus(_v.delay),
+    "last_status_code": _v.status,
+    "error_code": _v.code,
+    "error_message": _v.message,
     "updated_at": db_now(),
 }
 _OUTPUT: dict[str, Any] = {
-    "raw_output": bindparam("b_raw"),
-    "input_tokens": bindparam("b_in"),
-    "output_tokens": bindparam("b_out"),
-    "cost_usd": bindparam("b_cost"),
-    "latency_ms": bindparam("b_latency"),
-    "last_status_code": bindparam("b_status"),
+    "raw_output": _v.raw,
+    "input_tokens": _v.tin,
+    "output_tokens": _v.tout,
+    "cost_usd": _v.cost,
+    "latency_ms": _v.latency,
+    "last_status_code": _v.status,
 }
 _REQUEST_UPDATES = {
     "completed": _fenced_update().values(
@@ -163,10 +211,10 @@ _REQUEST_UPDATES = {
     ),
     "failed": _fenced_update().values(
         status=RequestStatus.ERROR.value,
-        error_code=bindparam("b_code"),
-        error_message=bindparam("b_message"),
-        last_status_code=bindparam("b_status"),
-        latency_ms=bindparam("b_latency"),
+        error_code=_v.code,
+        error_message=_v.message,
+        last_status_code=_v.status,
+        latency_ms=_v.elapsed,
         **_FINAL,
     ),
     "retry_hold": _fenced_update().values(**_RETRY),
@@ -179,35 +227,16 @@ _REQUEST_UPDATES = {
 _CANCELED_IN_FLIGHT: dict[str, Any] = {
     "status": RequestStatus.CANCELED.value,
     "error_code": "canceled",
-    "error_message": bindparam("b_why", value="canceled while a call was in flight", required=False),
+    "error_message": func.coalesce(_v.why, "canceled while a call was in flight"),
     **_FINAL,
 }
 _CANCEL_UPDATES = {
     "completed": _fenced_update(canceling=True).values(**_OUTPUT, **_CANCELED_IN_FLIGHT),
     # A failed call, or none (a cancel seen after a back-off): the last status the provider gave stays.
     "other": _fenced_update(canceling=True).values(
-        last_status_code=func.coalesce(bindparam("b_status", required=False), requests.c.last_status_code),
-        **_CANCELED_IN_FLIGHT,
+        last_status_code=func.coalesce(_v.status, requests.c.last_status_code), **_CANCELED_IN_FLIGHT
     ),
 }
-
-
-def _request_values(o: Outcome) -> dict[str, Any]:
-    values: dict[str, Any] = {"b_id": o.request.id, "b_token": o.request.token}
-    if isinstance(o, Completed):
-        return values | {
-            "b_raw": o.raw_output,
-            "b_in": o.input_tokens,
-            "b_out": o.output_tokens,
-            "b_cost": o.cost_usd,
-            "b_latency": o.latency_ms,
-            "b_status": o.status_code,
-        }
-    f = o.failure
-    values |= {"b_code": f.error_code, "b_message": f.message, "b_status": f.status_code}
-    if isinstance(o, Failed):
-        return values | {"b_latency": o.elapsed_ms}
-    return values | {"b_delay": o.delay_s}
 
 
 def max_fair_seq(conn: Connection, job_id: str | None) -> int:
@@ -279,9 +308,9 @@ class QueueQueries(ClaimQueries):
     def record(self, outcomes: list[Outcome], claim_for: str | None = None, **limits: Any) -> Recorded:
         """Write a group of outcomes in one transaction (group commit), set-based.
 
-        One executemany per kind of change; when every fenced update matched its
-        row (the usual case) nothing more is read. Otherwise each outcome is sorted
-        out: a row whose cancel was waiting for this call ends `canceled`, a row
+        One statement per kind of change, the whole group as one JSON parameter; when
+        every fenced update matched its row (the usual case) nothing more is read.
+        Otherwise each outcome is sorted out: a row whose cancel was waiting for this call ends `canceled`, a row
         taken over by another lease is left alone (`REFUSED`). The timestamp taken
         just before the commit is returned so that `released` events are stamped
         no later than the slots really became free.
@@ -293,16 +322,16 @@ class QueueQueries(ClaimQueries):
         """
         with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
-            self.dialect.execute_many(conn, _FINISH_ATTEMPT, [_attempt_values(o) for o in outcomes])
+            rows = [_outcome_row(o) for o in outcomes]
+            self.dialect.execute(conn, _FINISH_ATTEMPTS, {"b_rows": json_param(rows)})
+            kinds = [_kind(o) for o in outcomes]
             matched = 0
             for kind, stmt in _REQUEST_UPDATES.items():
-                params = [_request_values(o) for o in outcomes if _kind(o) == kind]
-                if params:
-                    matched += self.dialect.execute_many(conn, stmt, params).rowcount
-            if matched == len(outcomes) and conn.dialect.supports_sane_multi_rowcount:
-                written = [Written.APPLIED] * len(outcomes)
-            else:
-                written = self._sort_out(conn, outcomes)
+                of_kind = [row for row, k in zip(rows, kinds, strict=True) if k == kind]
+                if of_kind:
+                    matched += self.dialect.execute(conn, stmt, {"b_rows": json_param(of_kind)}).rowcount
+            # Every fenced update matched its row (the usual case): nothing more to read.
+            written = [Written.APPLIED] * len(outcomes) if matched == len(outcomes) else self._sort_out(conn, outcomes)
             pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
             # Answers per pool: they count towards probing a learned limit up, and they prove a
             # pool's peak in slow start (the slots they freed were busy until now).
@@ -334,7 +363,7 @@ class QueueQueries(ClaimQueries):
                 written.append(Written.APPLIED)
             elif row.status == RUNNING and row.cancel_requested_at is not None:
                 stmt = _CANCEL_UPDATES["completed" if isinstance(o, Completed) else "other"]
-                ended = conn.execute(stmt, _request_values(o)).rowcount
+                ended = self.dialect.execute(conn, stmt, {"b_rows": json_param([_outcome_row(o)])}).rowcount
                 written.append(Written.CANCELED if ended else Written.REFUSED)
             else:
                 written.append(Written.REFUSED)
@@ -368,10 +397,8 @@ class QueueQueries(ClaimQueries):
                     pool_state.held_call_started(conn, request, number, rules)
                     return NextAttempt(number, 0, 0.0)
             # Not live under this lease any more: a cancel waiting for it ends it here, else it was taken over.
-            ended = conn.execute(
-                _CANCEL_UPDATES["other"],
-                {"b_id": request.id, "b_token": request.token, "b_why": "canceled during a back-off between attempts"},
-            ).rowcount
+            why = {"id": request.id, "token": request.token, "why": "canceled during a back-off between attempts"}
+            ended = self.dialect.execute(conn, _CANCEL_UPDATES["other"], {"b_rows": json_param([why])}).rowcount
             return NextAttempt(None, self._active(conn), time.time(), canceled=bool(ended))
 
     def _give_back(self, conn: Connection, request: ClaimedRequest) -> bool:
