@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import DateTime, String, Table, bindparam, event, text
@@ -220,6 +220,17 @@ class Dialect:
         if rows:
             conn.execute(*insert_for(rows))
         return rows
+
+    def together(self, conn: Connection, combined: Any, parts: Sequence[Any], params: dict[str, Any]) -> Any:
+        """Statements that PostgreSQL runs as one (`combined`, data-modifying CTEs: a round trip
+        fewer) and SQLite one after the other (`parts`, in order); hot statements, run as by
+        `execute`. Returns the result of the combined statement, or of the last part."""
+        if self.name == "postgresql":
+            return self.execute(conn, combined, params)
+        result = None
+        for part in parts:
+            result = self.execute(conn, part, params)
+        return result
 
     def transaction_status(self, conn: Connection, xid: str) -> str | None:
         """'committed', 'aborted' or 'in progress' (PostgreSQL; asked on a new connection after a
