@@ -125,6 +125,14 @@ _TAKE_AND_START = select(*(_taken.c[col.name] for col in CLAIMED_COLUMNS)).add_c
     )
     .cte("started")
 )
+# SQLite's second half of `_TAKE_AND_START`: the attempt rows of the rows just taken, as one
+# statement (an executemany would be a step per row, each a GIL round trip to the event loop).
+_START_TAKEN = insert(attempts).from_select(
+    ["request_id", "attempt", "worker", "outcome", "started_at"],
+    select(_c.id, _c.attempts, bindparam("b_worker"), literal(RUNNING_ATTEMPT), db_now()).where(
+        _c.id.in_(bindparam("b_taken", expanding=True))
+    ),
+)
 _ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
 
 
@@ -214,18 +222,7 @@ class ClaimQueries:
             conn,
             _TAKE_AND_START,
             (_TAKE, params),
-            lambda rows: (
-                START_ATTEMPT,
-                [
-                    {
-                        "request_id": r.id,
-                        "attempt": r.attempts,
-                        "worker": worker,
-                        "outcome": RUNNING_ATTEMPT,
-                    }
-                    for r in rows
-                ],
-            ),
+            lambda rows: (_START_TAKEN, {"b_taken": [r.id for r in rows], "b_worker": worker}),
         )
         claimed = [to_claimed(r) for r in took]
         order = {request_id: i for i, request_id in enumerate(picked)}

@@ -206,7 +206,7 @@ class Dialect:
         conn: Connection,
         together: Any,
         update: tuple[Any, dict[str, Any]],
-        insert_for: Callable[[list[Any]], tuple[Any, list[dict[str, Any]]]],
+        insert_for: Callable[[list[Any]], tuple[Any, dict[str, Any]]],
     ) -> list[Any]:
         """An UPDATE ... RETURNING and the rows inserted from what it returned; returns its rows.
 
