@@ -212,13 +212,14 @@ class Dialect:
 
         PostgreSQL runs `together` (the two as one statement, a data-modifying CTE): a round
         trip fewer on the claim's path. SQLite has no writes in CTEs, and no round trips to
-        save: it runs the update, then `insert_for(rows)`'s statement with its parameters.
+        save: it runs the update, then `insert_for(rows)`'s statement with its parameters. Both are
+        hot statements (`execute`): what they return is not type-processed.
         """
         if self.name == "postgresql":
-            return list(conn.execute(together, update[1]))
-        rows = list(conn.execute(*update))
+            return list(self.execute(conn, together, update[1]))
+        rows = list(self.execute(conn, *update))
         if rows:
-            conn.execute(*insert_for(rows))
+            self.execute(conn, *insert_for(rows))
         return rows
 
     def together(self, conn: Connection, combined: Any, parts: Sequence[Any], params: dict[str, Any]) -> Any:
