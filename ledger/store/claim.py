@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Select,
+    String,
     and_,
     bindparam,
     case,
@@ -109,6 +110,7 @@ _CLAIM_STATE = union_all(
     select(literal(_LIVE_WORKERS), func.count()).where(workers.c.heartbeat_at > db_now_plus(bindparam("b_since"))),
     select(literal(_MINE), func.count()).where(_c.status == RUNNING, _c.lease_owner == bindparam("b_worker")),
 )
+_FULL = json_rows("f", "b_full", column("endpoint", String))
 # Due rows in claim order, leaving out full and cooling pools (an empty list leaves out none).
 _CANDIDATES = (
     select(_c.id, _c.endpoint, _c.job_id, _c.estimate_usd, _c.token_estimate)
@@ -116,7 +118,7 @@ _CANDIDATES = (
         _c.status == QUEUED,
         _c.delivery == Delivery.ONLINE.value,
         _c.next_attempt_at <= db_now(),
-        _c.endpoint.not_in(bindparam("b_full", expanding=True)),
+        _c.endpoint.not_in(select(_FULL.c.endpoint)),
     )
     .order_by(_c.priority.desc(), _c.fair_seq, _c.id)
     .limit(bindparam("b_limit"))
@@ -215,7 +217,8 @@ class ClaimQueries:
         reclaim_ts = time.time()
         in_flight: dict[str, int] = {}
         state = {_LIVE_WORKERS: 0, _MINE: 0}
-        for endpoint, n in conn.execute(_CLAIM_STATE, {"b_since": -lease_seconds, "b_worker": worker}):
+        params = {"b_since": -lease_seconds, "b_worker": worker}
+        for endpoint, n in self.dialect.execute(conn, _CLAIM_STATE, params):
             if endpoint in state:
                 state[endpoint] = n
             else:
@@ -228,9 +231,14 @@ class ClaimQueries:
         if free_total <= 0:
             return Claim([], total, reclaimed)
         # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py).
-        room = pool_state.PoolRoom.read(conn, in_flight, pool_limit, global_limit, self.pool_rules, proven, hold)
+        room = pool_state.PoolRoom.read(
+            conn, self.dialect, in_flight, pool_limit, global_limit, self.pool_rules, proven, hold
+        )
         self.learning, self.windowed = set(room.learned), set(room.allowed)
-        candidates = conn.execute(self._candidates, {"b_full": room.full, "b_limit": free_total * _CANDIDATES_PER_SLOT})
+        full = json_param({"endpoint": endpoint} for endpoint in room.full)
+        candidates = self.dialect.execute(
+            conn, self._candidates, {"b_full": full, "b_limit": free_total * _CANDIDATES_PER_SLOT}
+        )
         picked: list[int] = []
         rows = list(candidates)
         budget = Budget.read(conn, daily_budget, rows, self.job_caps)

@@ -282,7 +282,7 @@ class Dialect:
         )
         return stmt
 
-    def execute(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> CursorResult[Any]:
+    def execute(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> CursorResult[*tuple[Any, ...]]:
         """Run a hot statement, compiled once per engine, with `params` handed to the driver as
         they are (SQLAlchemy's parameter processing skipped). Only for plain values (str,
         int, float, None, a `json_param`), which need no type processing."""
@@ -291,7 +291,7 @@ class Dialect:
         args: Any = values if names is None else tuple(values[n] for n in names)
         return conn.exec_driver_sql(sql, args)
 
-    def execute_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> CursorResult[Any]:
+    def execute_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> CursorResult[*tuple[Any, ...]]:
         """`execute` for many parameter sets at once (the driver's executemany); same rules."""
         sql, names, defaults = self._compiled(conn, stmt)
         if names is None:

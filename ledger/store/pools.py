@@ -126,6 +126,7 @@ class PoolRoom:
     def read(
         cls,
         conn: Connection,
+        dialect: Dialect,
         in_flight: dict[str, int],
         pool_limit: Callable[[str], int],
         global_limit: int,
@@ -135,7 +136,7 @@ class PoolRoom:
     ) -> PoolRoom:
         """`hold`: pools with a 429 on its way to the ledger, whose lesson is not written yet:
         this claim treats them as cooling down and opens nothing in them."""
-        state = read_state(conn, pool_limit)
+        state = read_state(conn, dialect, pool_limit)
         window: dict[str, tuple[int, int]] = {}
         if rules.rated:
             params = {"b_pools": rules.rated, "b_since": -rules.window_s}
@@ -263,11 +264,11 @@ class PoolState:
     allowed: dict[str, int] = field(default_factory=dict)  # calls the provider's window still allows
 
 
-def read_state(conn: Connection, configured: Callable[[str], int]) -> PoolState:
+def read_state(conn: Connection, dialect: Dialect, configured: Callable[[str], int]) -> PoolState:
     """Every pool's state; learned limits that grew back to the configured limit are dropped."""
     state = PoolState()
     recovered: list[str] = []
-    for endpoint, is_cooling, limit, peak, allowed in conn.execute(_STATE):
+    for endpoint, is_cooling, limit, peak, allowed in dialect.execute(conn, _STATE, {}):
         state.peaks[endpoint] = int(peak)
         if is_cooling:
             state.cooling.add(endpoint)
