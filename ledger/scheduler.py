@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ class Scheduler:
         self._all_done = anyio.Event()
         self._all_done.set()
         self._tg: TaskGroup | None = None
+        # Executors that finished a request wait here for the next one (see `_start`).
+        self._next_send, self._next = anyio.create_memory_object_stream[ClaimedRequest](math.inf)
+        self._waiting_executors = 0
         self.leases = LeaseKeeper(ctx.store, settings, worker_id, ctx.recorder.in_hand)
         self._stopping = False
         self._stop = anyio.Event()
@@ -176,6 +180,7 @@ class Scheduler:
             await self._claim_loop(tg, until_idle=until_idle, stop=stop)
         finally:
             self._stopping = True
+            self._next_send.close()  # executors waiting for a next request end; running ones finish theirs
 
     async def _claim_loop(self, tg: TaskGroup, *, until_idle: bool, stop: anyio.Event) -> None:
         while not stop.is_set():
@@ -190,11 +195,32 @@ class Scheduler:
                 await first_done(self._wake.wait, stop.wait)
 
     def _start(self, tg: TaskGroup, request: ClaimedRequest, leased_at: float) -> None:
+        """Hand the request to an executor that is waiting for one, or start a new executor.
+
+        An executor task serves request after request: starting a task per request cost
+        the event loop more than the rest of the request's bookkeeping together (issue 9),
+        and at zero latency the loop's time is the daemon's throughput. At most as many
+        executors exist as calls were ever in flight at once."""
         self.leases.hold((request.id, request.token), leased_at)
+        if self.state.in_flight == 0:
+            self._all_done = anyio.Event()
         self.state.in_flight += 1
         self.state.claimed_total += 1
-        self._all_done = anyio.Event()
-        tg.start_soon(self._execute, request, name=f"request-{request.id}")
+        if self._waiting_executors and not self._stopping:
+            self._waiting_executors -= 1
+            self._next_send.send_nowait(request)
+        else:
+            tg.start_soon(self._executor, request, name="executor")
+
+    async def _executor(self, request: ClaimedRequest) -> None:
+        """Run `request`, then each one handed over next, until the claim loop has ended."""
+        while True:
+            await self._execute(request)
+            self._waiting_executors += 1
+            try:
+                request = await self._next.receive()
+            except anyio.EndOfStream:
+                return
 
     async def _execute(self, request: ClaimedRequest) -> None:
         try:
