@@ -260,7 +260,10 @@ class BatchQueries:
                 ),
             ),
         )
-        with transaction(self.engine, self.dialect) as conn:
+        # Rerunnable: a batch leased by a run whose COMMIT answer was lost is ours (`free` takes
+        # our own leases), so the next run leases it again (or takes another, and that lease
+        # lapses unused); the daemon's idle poll writes nothing at all.
+        with transaction(self.engine, self.dialect, rerunnable=True) as conn:
             picked = conn.execute(
                 self.dialect.for_update(
                     select(_b.id)
@@ -298,7 +301,7 @@ class BatchQueries:
     def release_batch_leases(self, worker: str) -> int:
         """At start (a previous process under this worker id) or at stop: every batch lease
         held under `worker` is let go, so the next step is taken at once, by any daemon."""
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, rerunnable=True) as conn:
             return int(
                 conn.execute(
                     update(batches)

@@ -278,7 +278,7 @@ class ClaimQueries:
 
     def retire_worker(self, worker: str) -> None:
         """A daemon that stops cleanly leaves the registry, so the others' shares grow at once."""
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, rerunnable=True) as conn:
             conn.execute(workers.delete().where(workers.c.worker_id == worker))
 
     def renew_leases(

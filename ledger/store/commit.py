@@ -13,7 +13,11 @@ connection, what became of that id (`pg_xact_status`):
   is raised, which the database lane retries like any transient failure.
 
 A transaction without a known id (no claim lock taken, or SQLite, which has no
-connection to lose) keeps the old rule: the error stops the caller.
+connection to lose) keeps the old rule, the error stops the caller, unless it is
+`rerunnable`: one whose end state is the same however often it runs (a lease let
+go, a worker retired, the batch loop's idle poll) is simply run again. A daemon's
+idle loops commit such transactions every poll interval, and before this a backend
+terminated at one of those COMMITs stopped the daemon.
 
 Also here: `any_row`, the reads that only ask whether something exists.
 """
@@ -30,7 +34,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from ledger.store.dialect import XID_KEY, CommitNotApplied, CommitUnknown, Dialect
+from ledger.store.dialect import XID_KEY, CommitNotApplied, CommitRerunnable, CommitUnknown, Dialect
 
 LOG = logging.getLogger("ledger.store")
 # How long to keep asking a restarting server what became of a transaction.
@@ -38,8 +42,8 @@ RESOLVE_WITHIN_S = 60.0
 
 
 @contextmanager
-def transaction(engine: Engine, dialect: Dialect) -> Iterator[Connection]:
-    """`engine.begin()`, with a lost COMMIT resolved instead of left unknown."""
+def transaction(engine: Engine, dialect: Dialect, *, rerunnable: bool = False) -> Iterator[Connection]:
+    """`engine.begin()`, with a lost COMMIT resolved instead of left unknown (`rerunnable`: see above)."""
     with engine.connect() as conn:
         # `info` lives as long as the pooled DBAPI connection: an id left by an earlier
         # transaction (rolled back, or run outside this function) must never be asked about.
@@ -56,7 +60,11 @@ def transaction(engine: Engine, dialect: Dialect) -> Iterator[Connection]:
         try:
             trans.commit()
         except DBAPIError as exc:
-            if xid is None or not exc.connection_invalidated:
+            if not exc.connection_invalidated:
+                raise
+            if xid is None:
+                if rerunnable:
+                    raise CommitRerunnable("COMMIT", None, exc.orig or exc) from exc
                 raise
             try:
                 committed = _committed(engine, dialect, xid)

@@ -50,6 +50,11 @@ class CommitNotApplied(OperationalError):
     """A COMMIT whose answer was lost, and the server says the transaction did not commit: retry it."""
 
 
+class CommitRerunnable(OperationalError):
+    """A COMMIT whose answer was lost, of a transaction that gives the same end state however
+    often it runs (`transaction(..., rerunnable=True)`): run it again."""
+
+
 class CommitUnknown(DatabaseError):
     """A COMMIT whose answer was lost, and the server could not be asked in time: never retried."""
 
@@ -395,7 +400,7 @@ def is_transient(exc: BaseException) -> bool:
     """
     if not isinstance(exc, DBAPIError):
         return False
-    if isinstance(exc, CommitNotApplied):  # a lost COMMIT resolved as not applied: nothing was written
+    if isinstance(exc, CommitNotApplied | CommitRerunnable):  # a lost COMMIT that is safe to run again
         return True
     if exc.connection_invalidated:
         return exc.statement is not None

@@ -121,3 +121,23 @@ def test_a_commit_whose_answer_was_lost_is_found_committed_and_not_run_again(sto
     assert len(calls) == 1  # not run again: that would have canceled nothing
     assert result == CancelResult(canceled=1, in_flight=0)
     assert store.status_counts()["canceled"] == 1
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param(lambda s: s.take_batch("w1", 30.0), id="the batch loop's idle poll"),
+        pytest.param(lambda s: s.release_batch_leases("w1"), id="batch leases let go"),
+        pytest.param(lambda s: s.retire_worker("w1"), id="a worker retired"),
+    ],
+)
+def test_a_lost_commit_of_a_rerunnable_step_is_run_again_not_fatal(
+    store: Store, pg_dsn: str, step: Callable[[Store], object]
+) -> None:
+    """A daemon's idle loops commit these every poll interval without the claim lock (no
+    transaction id to ask about). Their end state is the same however often they run, so a
+    backend terminated at their COMMIT is ridden out instead of stopping the daemon."""
+    cuts = cut_connection_once(store, "commit", pg_dsn)
+    calls: list[int] = []
+    anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: step(store)))
+    assert len(cuts) == 1 and len(calls) == 2
