@@ -13,7 +13,16 @@ from typing import Any
 import anthropic
 import httpx2
 
-from adapters.base import CallRequest, CallResult, json_body, read_rate_limits, sdk_errors
+from adapters.base import (
+    CallRequest,
+    CallResult,
+    ProviderError,
+    classify_status,
+    json_body,
+    read_rate_limits,
+    sdk_errors,
+    token_count,
+)
 
 DEFAULT_MAX_TOKENS = 1024
 _KEEP = {"temperature", "top_p", "top_k", "stop_sequences", "metadata", "thinking", "tools", "tool_choice"}
@@ -56,7 +65,22 @@ class AnthropicAdapter:
             response = await self._client.post(
                 "/v1/messages", cast_to=httpx2.Response, body=body, options={"timeout": timeout}
             )
-        text, input_tokens, output_tokens = message_parts(json_body(response.text, response.status_code))
+        message = json_body(response.text, response.status_code)
+        if isinstance(message, dict) and (message.get("type") == "error" or message.get("error")):
+            # A 200 carrying an error (a proxy's, say) is a failure, as the OpenAI adapter treats one.
+            error = message.get("error")
+            detail = error.get("message", "") if isinstance(error, dict) else str(error)
+            failure = classify_status(502, f"error in a {response.status_code} body: {detail}", message)
+            failure.code = "error_in_body"
+            raise failure
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            raise ProviderError(
+                "response has no content list",
+                status_code=response.status_code,
+                retryable=True,
+                code="malformed_response",
+            )
+        text, input_tokens, output_tokens = message_parts(message)
         return CallResult(text, input_tokens, output_tokens, limits=read_rate_limits(response.headers))
 
     async def aclose(self) -> None:
@@ -69,4 +93,4 @@ def message_parts(message: Any) -> tuple[str, int | None, int | None]:
         message = {}
     text = "".join(b.get("text", "") for b in message.get("content") or [] if b.get("type") == "text")
     usage = message.get("usage") or {}
-    return text, usage.get("input_tokens"), usage.get("output_tokens")
+    return text, token_count(usage.get("input_tokens")), token_count(usage.get("output_tokens"))

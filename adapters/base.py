@@ -257,6 +257,23 @@ def reset_seconds(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def token_count(value: Any) -> int | None:
+    """A usage count as a provider sent it, as a whole number: some OpenAI-compatible servers
+    send `12.0`, which PostgreSQL's integer columns refuse; anything not a number is unknown."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value != value
+        or value
+        in (
+            float("inf"),
+            float("-inf"),
+        )
+    ):
+        return None
+    return round(value)
+
+
 def json_body(text: str, status_code: int) -> Any:
     """An answer's body as JSON; one that is not is a transient provider fault, tried again."""
     try:

@@ -21,6 +21,7 @@ from adapters.base import (
     json_body,
     read_rate_limits,
     sdk_errors,
+    token_count,
 )
 
 
@@ -89,7 +90,9 @@ def completion_result(data: Any, status_code: int = 200) -> CallResult:
             code="malformed_response",
         ) from None
     usage = data.get("usage") or {}
-    return CallResult(text_out, usage.get("prompt_tokens"), usage.get("completion_tokens"), status_code)
+    return CallResult(
+        text_out, token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens")), status_code
+    )
 
 
 def _short(exc: openai.APIStatusError) -> str:

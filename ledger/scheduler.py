@@ -126,7 +126,9 @@ class Scheduler:
             with contextlib.suppress(ValueError):  # misconfigured: its requests fail with the reason when claimed
                 await self.adapter_for(provider)
 
-    async def close_adapters(self) -> None:
+    async def close(self) -> None:
+        """At the daemon's end, once every executor has ended: the adapters and the hand-over stream."""
+        self._next.close()
         for adapter in self._adapters.values():
             await adapter.aclose()
 

@@ -34,7 +34,7 @@ from ledger.models import AttemptOutcome, RequestStatus
 from ledger.store.batches import SUBMITTED, BatchLease, _fence, _in_batch, _status, batches
 from ledger.store.claim import QUEUED, attempts, requests
 from ledger.store.commit import transaction
-from ledger.store.dialect import Dialect, db_now, db_now_plus, json_param, json_rows
+from ledger.store.dialect import Dialect, db_now, db_now_plus, json_param, json_rows, storable
 
 _r, _b, _a = requests.c, batches.c, attempts.c
 _CHUNK = 1000  # lines per set of statements when ending a batch's unanswered requests
@@ -264,7 +264,13 @@ def _map_in(
         delay = None
         if x.kind == "succeeded":
             succeeded.append(
-                {"id": x.request_id, "raw": x.text, "tin": x.input_tokens, "tout": x.output_tokens, "cost": x.cost_usd}
+                {
+                    "id": x.request_id,
+                    "raw": storable(x.text),
+                    "tin": x.input_tokens,
+                    "tout": x.output_tokens,
+                    "cost": x.cost_usd,
+                }
             )
         elif x.kind == "failed":
             number = failed_before.get(x.request_id, 0) + 1
@@ -276,7 +282,7 @@ def _map_in(
                     "status": QUEUED if retry else RequestStatus.ERROR.value,
                     "delay": delay,
                     "code": x.error_code,
-                    "message": x.message,
+                    "message": storable(x.message),
                     "status_code": x.status_code,
                 }
             )
@@ -286,7 +292,7 @@ def _map_in(
                 "outcome": _ATTEMPT_OUTCOME[x.kind],
                 "status_code": x.status_code,
                 "code": x.error_code,
-                "message": x.message,
+                "message": storable(x.message),
                 "delay": delay,
             }
         )

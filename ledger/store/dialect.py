@@ -166,6 +166,22 @@ class json_rows(expression.TableClause):
         self.param = param
 
 
+def storable(text: str | None) -> str | None:
+    """Provider text as both databases keep it whole: a NUL and an unpaired surrogate (a JSON
+    body can carry either as an escape) become U+FFFD. PostgreSQL refuses both; SQLite cuts a
+    `json_rows` value at a NUL and stores a surrogate as invalid UTF-8 that no read decodes."""
+    if text is None:
+        return None
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
 def json_param(rows: Iterable[dict[str, Any]]) -> str:
     """The value of a `json_rows` parameter."""
     return json.dumps(list(rows), separators=(",", ":"))

@@ -37,7 +37,7 @@ from ledger.models import AttemptOutcome, Delivery, Job, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
 from ledger.store.commit import transaction
-from ledger.store.dialect import db_now, db_now_plus, json_param, json_rows, unindexed
+from ledger.store.dialect import db_now, db_now_plus, json_param, json_rows, storable, unindexed
 from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater, Written
 
 jobs = Job.__table__  # type: ignore[attr-defined]
@@ -132,7 +132,7 @@ def _outcome_row(o: Outcome) -> dict[str, Any]:
             "status": o.status_code,
             "latency": o.latency_ms,
             "elapsed": o.latency_ms,
-            "raw": o.raw_output,
+            "raw": storable(o.raw_output),
             "tin": o.input_tokens,
             "tout": o.output_tokens,
             "cost": o.cost_usd,
@@ -143,7 +143,7 @@ def _outcome_row(o: Outcome) -> dict[str, Any]:
         "outcome": (AttemptOutcome.TIMEOUT if timed_out else AttemptOutcome.FAILED).value,
         "status": f.status_code,
         "code": f.error_code,
-        "message": f.message,
+        "message": storable(f.message),
         "latency": f.latency_ms,
     }
     if isinstance(o, Failed):

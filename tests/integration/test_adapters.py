@@ -133,6 +133,13 @@ def test_anthropic_malformed_body_is_a_retryable_failure(mock: RunningMockProvid
     assert (error.code, error.status_code, error.retryable) == ("malformed_response", 200, True)
 
 
+def test_anthropic_error_in_a_200_body_is_a_failure(mock: RunningMockProvider) -> None:
+    adapter = AnthropicAdapter(api_key="k", base_url=mock.anthropic_base_url)
+    request = CallRequest(model="c", messages=[{"role": "user", "content": "proxy [[mock:error200=1]] u-5"}])
+    error = failure(adapter, request)
+    assert error.code == "error_in_body" and error.retryable
+
+
 def test_sdk_timeout_is_retryable(mock: RunningMockProvider) -> None:
     error = failure(openai(mock), ask("stuck [[mock:hang=1]] unique-3"), timeout=0.3)
     assert error.code == "timeout" and error.retryable

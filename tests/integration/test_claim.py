@@ -205,3 +205,17 @@ def test_two_claimers_in_the_same_moment_never_overshoot(pg_url: str, limit: int
     assert overshoot == []
     for s in stores:
         s.close()
+
+
+def test_an_answer_with_a_nul_or_a_lone_surrogate_is_kept_whole_and_readable(store: Store) -> None:
+    """A JSON body can carry `\\u0000` and unpaired surrogates: PostgreSQL refuses them and SQLite
+    cut the text at a NUL. Each becomes U+FFFD; the rest of the paid answer is kept."""
+    add_requests(store, 1)
+    limits = {"lease_seconds": 30, "global_limit": 5, "pool_limit": lambda _: 5, "max_attempts": 3, "max_claims": 5}
+    (request,) = store.claim("w1", **limits).requests
+    text = "before\x00after \ud800 end"
+    assert store.record([Completed(request, 1, text, 10)]).written == [Written.APPLIED]
+    row = store.get_request(request.id)
+    assert row is not None and row["status"] == "completed"
+    raw = row["raw_output"]
+    assert raw.startswith("before\ufffdafter \ufffd") and raw.endswith(" end") and "\x00" not in raw

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 import anyio
 import pytest
 
+from adapters.anthropic import message_parts
 from adapters.base import nonblank_lines
+from adapters.openai import completion_result
 from ledger.batches import custom_id, request_of
 
 
@@ -80,3 +82,24 @@ def test_a_separator_inside_a_json_string_does_not_split_its_line() -> None:
         return [line async for line in nonblank_lines(opened())]
 
     assert [json.loads(line)["t"] for line in anyio.run(read)] == ["a\u2028b\u2029c\u0085d", "e"]
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"), [(12, 12), (12.0, 12), (7.6, 8), (None, None), ("12", None), (True, None), (float("nan"), None)]
+)
+def test_usage_counts_are_whole_numbers_whatever_the_server_sent(sent: object, kept: int | None) -> None:
+    """Some OpenAI-compatible servers send `12.0`; PostgreSQL's integer columns refuse it from a
+    JSON row, so a whole group of outcomes would fail to record (online answers and batch lines)."""
+    openai_body = {
+        "choices": [{"message": {"content": "x"}}],
+        "usage": {"prompt_tokens": sent, "completion_tokens": sent},
+    }
+    result = completion_result(openai_body)
+    assert (result.input_tokens, result.output_tokens) == (kept, kept)
+    assert kept is None or type(result.input_tokens) is int  # 12.0 == 12, but not as a JSON row
+    anthropic_body = {
+        "content": [{"type": "text", "text": "x"}],
+        "usage": {"input_tokens": sent, "output_tokens": sent},
+    }
+    _, tokens_in, _ = message_parts(anthropic_body)
+    assert message_parts(anthropic_body) == ("x", kept, kept) and (kept is None or type(tokens_in) is int)
