@@ -16,9 +16,9 @@ import httpx2
 from adapters.base import (
     CallRequest,
     CallResult,
-    ProviderError,
-    classify_status,
     json_body,
+    malformed,
+    raise_error_in_body,
     read_rate_limits,
     sdk_errors,
     token_count,
@@ -66,20 +66,9 @@ class AnthropicAdapter:
                 "/v1/messages", cast_to=httpx2.Response, body=body, options={"timeout": timeout}
             )
         message = json_body(response.text, response.status_code)
-        if isinstance(message, dict) and (message.get("type") == "error" or message.get("error")):
-            # A 200 carrying an error (a proxy's, say) is a failure, as the OpenAI adapter treats one.
-            error = message.get("error")
-            detail = error.get("message", "") if isinstance(error, dict) else str(error)
-            failure = classify_status(502, f"error in a {response.status_code} body: {detail}", message)
-            failure.code = "error_in_body"
-            raise failure
+        raise_error_in_body(message, response.status_code)  # Anthropic's: {"type": "error", "error": {...}}
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-            raise ProviderError(
-                "response has no content list",
-                status_code=response.status_code,
-                retryable=True,
-                code="malformed_response",
-            )
+            raise malformed("response has no content list", response.status_code)
         text, input_tokens, output_tokens = message_parts(message)
         return CallResult(text, input_tokens, output_tokens, limits=read_rate_limits(response.headers))
 

@@ -9,6 +9,7 @@ where the system prompt goes, which errors are transient) stays behind it.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
@@ -260,31 +261,35 @@ def reset_seconds(value: str | None) -> float | None:
 def token_count(value: Any) -> int | None:
     """A usage count as a provider sent it, as a whole number: some OpenAI-compatible servers
     send `12.0`, which PostgreSQL's integer columns refuse; anything not a number is unknown."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value != value
-        or value
-        in (
-            float("inf"),
-            float("-inf"),
-        )
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return round(value)
 
 
+def malformed(what: str, status_code: int) -> ProviderError:
+    """An answer the provider sent but the ledger cannot read: a transient fault, tried again."""
+    return ProviderError(what, status_code=status_code, retryable=True, code="malformed_response")
+
+
 def json_body(text: str, status_code: int) -> Any:
-    """An answer's body as JSON; one that is not is a transient provider fault, tried again."""
+    """An answer's body as JSON."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        raise ProviderError(
-            f"malformed response body ({len(text)} bytes, not JSON)",
-            status_code=status_code,
-            retryable=True,
-            code="malformed_response",
-        ) from None
+        raise malformed(f"malformed response body ({len(text)} bytes, not JSON)", status_code) from None
+
+
+def raise_error_in_body(data: Any, status_code: int) -> None:
+    """A body that carries an error instead of an answer (a 200 from a proxy or a compatible
+    server, say) is a failure, classified by the upstream status it names (else 502)."""
+    if not isinstance(data, dict) or not data.get("error"):
+        return
+    error = data["error"] if isinstance(data["error"], dict) else {"message": str(data["error"])}
+    upstream = error.get("code")
+    status = upstream if isinstance(upstream, int) and 400 <= upstream < 600 else 502
+    failure = classify_status(status, f"error in a {status_code} body: {error.get('message', '')}", data)
+    failure.code = "error_in_body"
+    raise failure
 
 
 def classify_status(status_code: int, message: str, body: Any = None, headers: Any = None) -> ProviderError:

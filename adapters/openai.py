@@ -16,9 +16,9 @@ import openai
 from adapters.base import (
     CallRequest,
     CallResult,
-    ProviderError,
-    classify_status,
     json_body,
+    malformed,
+    raise_error_in_body,
     read_rate_limits,
     sdk_errors,
     token_count,
@@ -73,22 +73,11 @@ def parse_chat_completion(text: str, status_code: int = 200) -> CallResult:
 
 def completion_result(data: Any, status_code: int = 200) -> CallResult:
     """A parsed chat completion body as a result (online answers and batch output lines alike)."""
-    if isinstance(data, dict) and data.get("error"):
-        error = data["error"] if isinstance(data["error"], dict) else {"message": str(data["error"])}
-        upstream = error.get("code")
-        status = upstream if isinstance(upstream, int) and 400 <= upstream < 600 else 502
-        failure = classify_status(status, f"error in a {status_code} body: {error.get('message', '')}", data)
-        failure.code = "error_in_body"
-        raise failure
+    raise_error_in_body(data, status_code)
     try:
         text_out = data["choices"][0]["message"]["content"] or ""
     except (KeyError, IndexError, TypeError):
-        raise ProviderError(
-            "response has no choices[0].message.content",
-            status_code=status_code,
-            retryable=True,
-            code="malformed_response",
-        ) from None
+        raise malformed("response has no choices[0].message.content", status_code) from None
     usage = data.get("usage") or {}
     return CallResult(
         text_out, token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens")), status_code

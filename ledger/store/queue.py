@@ -320,8 +320,8 @@ class QueueQueries(ClaimQueries):
 
         One statement per kind of change, the whole group as one JSON parameter; when
         every fenced update matched its row (the usual case) nothing more is read.
-        Otherwise each outcome is sorted out: a row whose cancel was waiting for this call ends `canceled`, a row
-        taken over by another lease is left alone (`REFUSED`). The timestamp taken
+        Otherwise each outcome is sorted out: a row whose cancel was waiting for this
+        call ends `canceled`, a row taken over by another lease is left alone (`REFUSED`). The timestamp taken
         just before the commit is returned so that `released` events are stamped
         no later than the slots really became free.
 
@@ -334,19 +334,17 @@ class QueueQueries(ClaimQueries):
             self.dialect.serialize_claimers(conn)
             rows = [_outcome_row(o) for o in outcomes]
             group = json_param(rows)
-            kinds = [_kind(o) for o in outcomes]
-            matched, attempts_closed = 0, False
-            for kind, stmt in _REQUEST_UPDATES.items():
-                of_kind = [row for row, k in zip(rows, kinds, strict=True) if k == kind]
-                if not of_kind:
-                    continue
+            by_kind: dict[str, list[dict[str, Any]]] = {}
+            for o, row in zip(outcomes, rows, strict=True):
+                by_kind.setdefault(_kind(o), []).append(row)
+            matched = 0
+            for i, (kind, of_kind) in enumerate(by_kind.items()):
                 params = {"b_rows": group if len(of_kind) == len(rows) else json_param(of_kind)}
-                if attempts_closed:
-                    matched += self.dialect.execute(conn, stmt, params).rowcount
-                else:
-                    both = (_WITH_ATTEMPTS[kind], (_FINISH_ATTEMPTS, stmt))
+                if i == 0:  # the group's attempts are closed with the first kind's requests
+                    both = (_WITH_ATTEMPTS[kind], (_FINISH_ATTEMPTS, _REQUEST_UPDATES[kind]))
                     matched += self.dialect.together(conn, *both, {**params, "b_attempts": group}).rowcount
-                    attempts_closed = True
+                else:
+                    matched += self.dialect.execute(conn, _REQUEST_UPDATES[kind], params).rowcount
             # Every fenced update matched its row (the usual case): nothing more to read.
             written = [Written.APPLIED] * len(outcomes) if matched == len(outcomes) else self._sort_out(conn, outcomes)
             pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
