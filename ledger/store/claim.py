@@ -43,7 +43,7 @@ from sqlalchemy.engine import Connection, Engine
 from ledger.models import AttemptOutcome, Delivery, Job, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.commit import transaction
-from ledger.store.dialect import Dialect, db_now, db_now_plus, db_today, json_param, json_rows, unindexed
+from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, json_param, json_rows, unindexed
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -129,7 +129,7 @@ _CANDIDATES = (
 _PICKED = json_rows("t", "b_ids", column("id", BigInteger))
 _TAKE = (
     update(requests)
-    .where(_c.id == _PICKED.c.id, unindexed(_c.status) == QUEUED)
+    .where(_PICKED.match(_c.id), unindexed(_c.status) == QUEUED)
     .values(
         status=RUNNING,
         lease_owner=bindparam("b_worker"),
@@ -164,6 +164,14 @@ _START_TAKEN = insert(attempts).from_select(
 _ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
 
 
+@dataclass(frozen=True)
+class ClaimReads:
+    """A claim's reads, to be sent ahead with other statements (`ClaimQueries.claim_reads`)."""
+
+    statements: list[tuple[Any, dict[str, Any]]]
+    candidates_asked: int
+
+
 class ClaimQueries:
     """Mixed into `Store`; needs `engine` and `dialect`."""
 
@@ -190,6 +198,21 @@ class ClaimQueries:
             self.dialect.serialize_claimers(conn)
             return self._claim_in(conn, worker, **limits)
 
+    def claim_reads(self, worker: str, lease_seconds: float, expected: int) -> ClaimReads:
+        """The claim's reads (slots in use, pool state, due candidates for about `expected` free
+        slots), for a caller to send with its own statements: a group commit sends them with the
+        group's writes, one round trip on PostgreSQL. Its claim (`_claim_in(read=...)`) reads
+        more candidates only if these were too few, or crowded out by a full pool's."""
+        candidates = self._candidate_read((), expected)
+        return ClaimReads([*self._state_reads(worker, lease_seconds), candidates], candidates[1]["b_limit"])
+
+    def _state_reads(self, worker: str, lease_seconds: float) -> list[tuple[Any, dict[str, Any]]]:
+        return [(_CLAIM_STATE, {"b_since": -lease_seconds, "b_worker": worker}), (pool_state.STATE, {})]
+
+    def _candidate_read(self, full: Collection[str], slots: int) -> tuple[Any, dict[str, Any]]:
+        limit = max(slots, 1) * _CANDIDATES_PER_SLOT
+        return self._candidates, {"b_full": json_param({"endpoint": e} for e in full), "b_limit": limit}
+
     def _claim_in(
         self,
         conn: Connection,
@@ -205,20 +228,26 @@ class ClaimQueries:
         held: Collection[Held] = (),
         proven: Mapping[str, int] | None = None,
         hold: Collection[str] = (),
+        read: tuple[ClaimReads, list[Ran]] | None = None,
     ) -> Claim:
         """The claim, inside a transaction that already holds the claim lock. `proven`: per pool,
         the slots an outcome just freed with an answer (a group commit's own claim); `hold`:
-        pools this claim leaves alone (a refusal from them is on its way to the ledger)."""
+        pools this claim leaves alone (a refusal from them is on its way to the ledger); `read`:
+        `claim_reads` and what it found, read in this transaction after its last write."""
         if reclaim:
             # A live claimer never reclaims what it is still working on, however late its
             # renewal (a database outage longer than the lease): it renews those first.
             _extend(conn, worker, lease_seconds, held)
         reclaimed_rows = self._reclaim_expired(conn, max_attempts) if reclaim else []
         reclaim_ts = time.time()
+        if read is None:
+            counts, state_rows = self.dialect.run_all(conn, self._state_reads(worker, lease_seconds))
+            candidates, asked = None, 0
+        else:
+            (counts, state_rows, candidates), asked = read[1], read[0].candidates_asked
         in_flight: dict[str, int] = {}
         state = {_LIVE_WORKERS: 0, _MINE: 0}
-        params = {"b_since": -lease_seconds, "b_worker": worker}
-        for endpoint, n in self.dialect.execute(conn, _CLAIM_STATE, params):
+        for endpoint, n in counts:
             if endpoint in state:
                 state[endpoint] = n
             else:
@@ -232,22 +261,16 @@ class ClaimQueries:
             return Claim([], total, reclaimed)
         # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py).
         room = pool_state.PoolRoom.read(
-            conn, self.dialect, in_flight, pool_limit, global_limit, self.pool_rules, proven, hold
+            conn, state_rows, in_flight, pool_limit, global_limit, self.pool_rules, proven, hold
         )
         self.learning, self.windowed = set(room.learned), set(room.allowed)
-        full = json_param({"endpoint": endpoint} for endpoint in room.full)
-        candidates = self.dialect.execute(
-            conn, self._candidates, {"b_full": full, "b_limit": free_total * _CANDIDATES_PER_SLOT}
-        )
-        picked: list[int] = []
-        rows = list(candidates)
-        budget = Budget.read(conn, daily_budget, rows, self.job_caps)
-        for row in rows:
-            if room.fits(row.endpoint, row.token_estimate) and budget.reserve(row.job_id, row.estimate_usd):
-                room.take(row.id, row.endpoint, row.token_estimate)
-                picked.append(row.id)
-                if len(picked) == free_total:
-                    break
+        picked = None if candidates is None else self._pick(conn, candidates.rows, room, free_total, daily_budget)
+        # Too few read ahead (more rows were due, and a full pool's or the budget's may have
+        # crowded the others out): read again, past the full pools, for the slots actually free.
+        if picked is None or (len(picked) < free_total and candidates is not None and len(candidates.rows) >= asked):
+            room = room.fresh()
+            (rows,) = self.dialect.run_all(conn, [self._candidate_read(room.full, free_total)])
+            picked = self._pick(conn, rows.rows, room, free_total, daily_budget)
         if not picked:
             return Claim([], total, reclaimed)
         params = {"b_ids": json_param({"id": i} for i in picked), "b_worker": worker, "b_lease": lease_seconds}
@@ -262,6 +285,20 @@ class ClaimQueries:
         order = {request_id: i for i, request_id in enumerate(picked)}
         ramping = room.started(conn, self.dialect, claimed)
         return Claim(sorted(claimed, key=lambda r: order[r.id]), total + len(claimed), reclaimed, leased_at, ramping)
+
+    def _pick(
+        self, conn: Connection, rows: list[Any], room: pool_state.PoolRoom, free_total: int, daily_budget: float | None
+    ) -> list[int]:
+        """Candidates in claim order that fit their pool's room and the budgets, up to `free_total`."""
+        picked: list[int] = []
+        budget = Budget.read(conn, daily_budget, rows, self.job_caps)
+        for row in rows:
+            if room.fits(row.endpoint, row.token_estimate) and budget.reserve(row.job_id, row.estimate_usd):
+                room.take(row.id, row.endpoint, row.token_estimate)
+                picked.append(row.id)
+                if len(picked) == free_total:
+                    break
+        return picked
 
     def _reclaim_expired(self, conn: Connection, max_attempts: int) -> list[ClaimedRequest]:
         """End the leases of dead workers: back to the queue, or canceled / spent (see `_end_leases`)."""

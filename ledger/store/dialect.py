@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import DateTime, String, Table, bindparam, event, text
+import psycopg
+from psycopg.rows import namedtuple_row
+from sqlalchemy import Boolean, DateTime, String, Table, and_, bindparam, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.cursor import CursorResult
@@ -165,6 +168,42 @@ class json_rows(expression.TableClause):
         super().__init__(name, *columns)
         self.param = param
 
+    def match(self, col: expression.ColumnElement[Any], key: str = "id") -> expression.ColumnElement[bool]:
+        """`col = <this chunk's key>`: the join of a table to the chunk, by a column it has an index on.
+
+        PostgreSQL's planner takes a JSON chunk for 100 rows whatever it holds, and would rather
+        scan the whole table than look 100 keys up until the table is tens of thousands of
+        rows long (every group commit of a young ledger scanned every request it ever had).
+        There the keys are also given as an array (`col = ANY(ARRAY(...))`), which it looks
+        up by index. SQLite's planner needs no such hint.
+        """
+        return and_(col == self.c[key], _chunk_keys(col, self, key))
+
+
+class _chunk_keys(expression.FunctionElement[Any]):
+    """`col` is one of the `key` values of a `json_rows` chunk (see `json_rows.match`)."""
+
+    inherit_cache = False
+    type = Boolean()
+
+    def __init__(self, col: expression.ColumnElement[Any], rows: json_rows, key: str) -> None:
+        super().__init__(col)
+        self.rows, self.chunk_key = rows, key
+
+
+@compiles(_chunk_keys, "postgresql")
+def _pg_chunk_keys(element: _chunk_keys, compiler: SQLCompiler, **kw: Any) -> str:
+    col = compiler.process(next(iter(element.clauses)), **kw)
+    key_type = compiler.dialect.type_compiler_instance.process(element.rows.c[element.chunk_key].type)
+    rows = _rows_param(element.rows, compiler, **kw)
+    keys = f"SELECT CAST(e->>'{element.chunk_key}' AS {key_type}) FROM json_array_elements(CAST({rows} AS json)) AS e"
+    return f"{col} = ANY(ARRAY({keys}))"
+
+
+@compiles(_chunk_keys, "sqlite")
+def _sqlite_chunk_keys(element: _chunk_keys, compiler: SQLCompiler, **kw: Any) -> str:
+    return "1 = 1"
+
 
 def storable(text: str | None) -> str | None:
     """Provider text as both databases keep it whole: a NUL and an unpaired surrogate (a JSON
@@ -214,13 +253,25 @@ class Dialect:
         # Compiled hot statements (module-level constants, so `id` is a stable key).
         self._statements: dict[int, tuple[str, tuple[str, ...] | None, dict[str, Any]]] = {}
 
-    def serialize_claimers(self, conn: Connection) -> None:
-        if self.name == "postgresql":
-            # The transaction id comes back with the lock, for free: if the COMMIT's answer is
-            # lost, `commit.transaction` asks the server what became of it (`transaction_committed`).
-            xid = conn.execute(text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK}), pg_current_xact_id()::text")).one()[1]
-            conn.info[XID_KEY] = xid
-        # SQLite: BEGIN IMMEDIATE already holds the only write lock.
+    def serialize_claimers(self, conn: Connection, *then: tuple[Any, dict[str, Any]]) -> list[Ran]:
+        """Take the claim lock, then run the hot statements `then` (see `run_all`) in the same
+        round trip; returns their results. SQLite: BEGIN IMMEDIATE already holds the only write
+        lock, and `then` runs as it is."""
+        if self.name != "postgresql":
+            return self.run_all(conn, then)
+        # The transaction id comes back with the lock, for free: if the COMMIT's answer is
+        # lost, `commit.transaction` asks the server what became of it (`transaction_committed`).
+        lock, *results = self.run_all(conn, [(_CLAIM_LOCK, {}), *then])
+        conn.info[XID_KEY] = lock.rows[0][1]
+        return results
+
+    def run_all(self, conn: Connection, statements: Iterable[tuple[Any, dict[str, Any]]]) -> list[Ran]:
+        """Hot statements (as `execute`) none of whose parameters depends on another's result,
+        each result read whole. PostgreSQL gets them all in one round trip (`_in_one_query`);
+        SQLite runs them one after the other."""
+        if self.name != "postgresql":
+            return [Ran.read(self.execute(conn, stmt, params)) for stmt, params in statements]
+        return _in_one_query(conn, [self._driver_args(conn, stmt, params) for stmt, params in statements])
 
     def update_then_insert(
         self,
@@ -243,16 +294,10 @@ class Dialect:
             self.execute(conn, *insert_for(rows))
         return rows
 
-    def together(self, conn: Connection, combined: Any, parts: Sequence[Any], params: dict[str, Any]) -> Any:
+    def as_one(self, combined: Any, parts: Sequence[Any]) -> list[Any]:
         """Statements that PostgreSQL runs as one (`combined`, data-modifying CTEs: a round trip
-        fewer) and SQLite one after the other (`parts`, in order); hot statements, run as by
-        `execute`. Returns the result of the combined statement, or of the last part."""
-        if self.name == "postgresql":
-            return self.execute(conn, combined, params)
-        result = None
-        for part in parts:
-            result = self.execute(conn, part, params)
-        return result
+        fewer) and SQLite one after the other (`parts`, in order)."""
+        return [combined] if self.name == "postgresql" else list(parts)
 
     def transaction_status(self, conn: Connection, xid: str) -> str | None:
         """'committed', 'aborted' or 'in progress' (PostgreSQL; asked on a new connection after a
@@ -307,10 +352,12 @@ class Dialect:
         """Run a hot statement, compiled once per engine, with `params` handed to the driver as
         they are (SQLAlchemy's parameter processing skipped). Only for plain values (str,
         int, float, None, a `json_param`), which need no type processing."""
+        return conn.exec_driver_sql(*self._driver_args(conn, stmt, params))
+
+    def _driver_args(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> tuple[str, Any]:
         sql, names, defaults = self._compiled(conn, stmt)
         values = {**defaults, **params}
-        args: Any = values if names is None else tuple(values[n] for n in names)
-        return conn.exec_driver_sql(sql, args)
+        return sql, values if names is None else tuple(values[n] for n in names)
 
     def execute_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> CursorResult[*tuple[Any, ...]]:
         """`execute` for many parameter sets at once (the driver's executemany); same rules."""
@@ -379,6 +426,58 @@ class Dialect:
         if self.name == "postgresql":
             return stmt.with_for_update(skip_locked=True)
         return stmt
+
+
+_CLAIM_LOCK = text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK}), pg_current_xact_id()::text")
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A statement's result, read whole: its rows (by position or column name) and rowcount."""
+
+    rows: list[Any]
+    rowcount: int
+
+    @classmethod
+    def read(cls, result: CursorResult[*tuple[Any, ...]]) -> Ran:
+        return cls(list(result) if result.returns_rows else [], result.rowcount)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.rows)
+
+
+def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ran]:
+    """PostgreSQL: `statements` as one simple query, one round trip, their results read in turn.
+
+    Parameters are bound on the client (psycopg's `ClientCursor.mogrify`): the simple query
+    protocol takes several statements at once but no parameters. Not psycopg's pipeline mode,
+    which saves the transaction's BEGIN as well: it ends with a Flush after its Sync, and a
+    server that reads a Flush last stops timing the session's idleness in a transaction, so a
+    daemon frozen after it would hold the claim lock past `idle_in_transaction_session_timeout`.
+
+    Outside SQLAlchemy's `execute` (which reads one result), so its error handling is done
+    here the same way: a driver error comes out as SQLAlchemy's wrapped error, and a lost
+    connection invalidates the connection, so that the lane's retry rules (`is_transient`)
+    see what they always saw.
+    """
+    raw: Any = conn.connection.driver_connection
+    query = ";\n".join(psycopg.ClientCursor(raw).mogrify(sql, args) for sql, args in statements)
+    try:
+        with raw.cursor(row_factory=namedtuple_row) as cursor:
+            cursor.execute(query)
+            found = []
+            for _ in statements:
+                found.append(Ran(cursor.fetchall() if cursor.description else [], cursor.rowcount))
+                cursor.nextset()
+            return found
+    except psycopg.Error as exc:
+        error: Any = exc
+        lost = conn.dialect.is_disconnect(error, raw, None)
+        if lost:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(
+            query, None, exc, psycopg.Error, connection_invalidated=lost, dialect=conn.dialect
+        ) from exc
 
 
 def _copy_then_insert(

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -86,7 +86,7 @@ class PoolRules:
 
 NO_RULES = PoolRules()
 
-_STATE = select(
+STATE = select(
     pools.c.endpoint,
     pools.c.cooldown_until > db_now(),
     pools.c.learned_limit,
@@ -126,7 +126,7 @@ class PoolRoom:
     def read(
         cls,
         conn: Connection,
-        dialect: Dialect,
+        state_rows: Iterable[Any],
         in_flight: dict[str, int],
         pool_limit: Callable[[str], int],
         global_limit: int,
@@ -134,9 +134,9 @@ class PoolRoom:
         proven: Mapping[str, int] | None = None,
         hold: Collection[str] = (),
     ) -> PoolRoom:
-        """`hold`: pools with a 429 on its way to the ledger, whose lesson is not written yet:
-        this claim treats them as cooling down and opens nothing in them."""
-        state = read_state(conn, dialect, pool_limit)
+        """`state_rows`: what `STATE` read. `hold`: pools with a 429 on its way to the ledger, whose
+        lesson is not written yet: this claim treats them as cooling down and opens nothing in them."""
+        state = read_state(conn, state_rows, pool_limit)
         window: dict[str, tuple[int, int]] = {}
         if rules.rated:
             params = {"b_pools": rules.rated, "b_since": -rules.window_s}
@@ -153,6 +153,10 @@ class PoolRoom:
             state.allowed,
             proven or {},
         )
+
+    def fresh(self) -> PoolRoom:
+        """The same room with nothing taken yet (a claim that picks again from other candidates)."""
+        return replace(self, taken={}, taken_tokens={}, estimates={})
 
     def limit(self, endpoint: str) -> int:
         """The pool's slots: configured, lowered by what it learned, opened one at a time in slow start."""
@@ -264,11 +268,12 @@ class PoolState:
     allowed: dict[str, int] = field(default_factory=dict)  # calls the provider's window still allows
 
 
-def read_state(conn: Connection, dialect: Dialect, configured: Callable[[str], int]) -> PoolState:
-    """Every pool's state; learned limits that grew back to the configured limit are dropped."""
+def read_state(conn: Connection, rows: Iterable[Any], configured: Callable[[str], int]) -> PoolState:
+    """Every pool's state from `STATE`'s rows; learned limits that grew back to the configured
+    limit are dropped."""
     state = PoolState()
     recovered: list[str] = []
-    for endpoint, is_cooling, limit, peak, allowed in dialect.execute(conn, _STATE, {}):
+    for endpoint, is_cooling, limit, peak, allowed in rows:
         state.peaks[endpoint] = int(peak)
         if is_cooling:
             state.cooling.add(endpoint)
@@ -311,7 +316,7 @@ class _Heard:
 
 
 def note_outcomes(
-    conn: Connection, dialect: Dialect, outcomes: Iterable[Outcome], rules: PoolRules, windowed: Collection[str] = ()
+    conn: Connection, dialect: Dialect, outcomes: Collection[Outcome], rules: PoolRules, windowed: Collection[str] = ()
 ) -> None:
     """What a group of outcomes says about their pools: windows spent, limits learned, tokens used.
 
@@ -319,6 +324,8 @@ def note_outcomes(
     `windowed`: pools held to a window the headers announced (the last claim saw them); only
     theirs is cleared when an answer says the window has room enough again.
     """
+    if quiet(outcomes, rules, windowed):
+        return
     heard: dict[str, _Heard] = {}
     for o in outcomes:
         if not isinstance(o, Completed | RetryLater):
@@ -345,6 +352,22 @@ def note_outcomes(
     settle = [s for h in heard.values() for s in h.settle]
     if settle:
         dialect.execute_many(conn, _SETTLE, settle)
+
+
+def quiet(outcomes: Iterable[Outcome], rules: PoolRules, windowed: Collection[str] = ()) -> bool:
+    """Whether `note_outcomes` has nothing to write for these outcomes: no refusal, no capped
+    pool, and every window the headers announced has more than `_MOST_CALLS` calls left in a
+    pool not held to one. The usual group; a claim in its transaction may then read the pools'
+    state before the group is noted (in the same round trip as the group's own writes)."""
+    for o in outcomes:
+        if not isinstance(o, Completed | RetryLater):
+            continue
+        endpoint = o.request.endpoint
+        if rules.capped(endpoint) or (isinstance(o, RetryLater) and o.failure.status_code == 429):
+            return False
+        if o.window is not None and (o.window.remaining <= _MOST_CALLS or endpoint in windowed):
+            return False
+    return True
 
 
 _SETTLE = (

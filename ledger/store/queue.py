@@ -156,7 +156,7 @@ def _outcome_row(o: Outcome) -> dict[str, Any]:
 _FINISH_ATTEMPTS = (
     update(attempts)
     .where(
-        attempts.c.request_id == _va.id,
+        _VA.match(attempts.c.request_id),
         attempts.c.attempt == _va.attempt,
         unindexed(attempts.c.outcome) == AttemptOutcome.RUNNING.value,
     )
@@ -182,7 +182,7 @@ def _fenced_update(*, canceling: bool = False) -> Any:
     waiting = c.cancel_requested_at.is_not(None) if canceling else c.cancel_requested_at.is_(None)
     # Reached by primary key from each outcome: `status` unindexed, or SQLite's planner scans the
     # in-flight index and probes the group for every running row (3 ms a group of 40, not 0.5).
-    return update(requests).where(c.id == _v.id, c.lease_token == _v.token, unindexed(c.status) == RUNNING, waiting)
+    return update(requests).where(_V.match(c.id), c.lease_token == _v.token, unindexed(c.status) == RUNNING, waiting)
 
 
 _RUNNING_UNMARKED = and_(requests.c.status == RUNNING, requests.c.cancel_requested_at.is_(None))
@@ -330,23 +330,39 @@ class QueueQueries(ClaimQueries):
         is taken *first*, as by every multi-row writer: taken after the row locks,
         it would deadlock with a claimer that holds it and waits for those rows.
         """
+        rows = [_outcome_row(o) for o in outcomes]
+        endpoints = {o.request.endpoint for o in outcomes}
+        group = json_param(rows)
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for o, row in zip(outcomes, rows, strict=True):
+            by_kind.setdefault(_kind(o), []).append(row)
+        updates: list[tuple[Any, dict[str, Any]]] = []
+        for i, (kind, of_kind) in enumerate(by_kind.items()):
+            params = {"b_rows": group if len(of_kind) == len(rows) else json_param(of_kind)}
+            if i == 0:  # the group's attempts are closed with the first kind's requests
+                both = self.dialect.as_one(_WITH_ATTEMPTS[kind], (_FINISH_ATTEMPTS, _REQUEST_UPDATES[kind]))
+                updates += [(stmt, {**params, "b_attempts": group}) for stmt in both]
+            else:
+                updates.append((_REQUEST_UPDATES[kind], params))
+        # The claim's reads go with the group's writes when nothing else is written before the
+        # claim (no lease sweep, nothing to note about the pools): the usual group.
+        reads = None
+        quiet = pool_state.quiet(outcomes, self.pool_rules, self.windowed)
+        if claim_for and quiet and not limits.get("reclaim", True) and not self.learning & endpoints:
+            freed = sum(1 for kind in by_kind for _ in by_kind[kind] if kind != "retry_hold")
+            reads = self.claim_reads(claim_for, limits["lease_seconds"], freed)
         with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)
-            rows = [_outcome_row(o) for o in outcomes]
-            group = json_param(rows)
-            by_kind: dict[str, list[dict[str, Any]]] = {}
-            for o, row in zip(outcomes, rows, strict=True):
-                by_kind.setdefault(_kind(o), []).append(row)
-            matched = 0
-            for i, (kind, of_kind) in enumerate(by_kind.items()):
-                params = {"b_rows": group if len(of_kind) == len(rows) else json_param(of_kind)}
-                if i == 0:  # the group's attempts are closed with the first kind's requests
-                    both = (_WITH_ATTEMPTS[kind], (_FINISH_ATTEMPTS, _REQUEST_UPDATES[kind]))
-                    matched += self.dialect.together(conn, *both, {**params, "b_attempts": group}).rowcount
-                else:
-                    matched += self.dialect.execute(conn, _REQUEST_UPDATES[kind], params).rowcount
+            # The lock, the group's updates and the claim's reads: one round trip on PostgreSQL.
+            results = self.dialect.serialize_claimers(conn, *updates, *(reads.statements if reads else ()))
+            wrote, read_ahead = results[: len(updates)], results[len(updates) :]
+            counted = [r for (stmt, _), r in zip(updates, wrote, strict=True) if stmt is not _FINISH_ATTEMPTS]
+            matched = sum(r.rowcount for r in counted)
             # Every fenced update matched its row (the usual case): nothing more to read.
-            written = [Written.APPLIED] * len(outcomes) if matched == len(outcomes) else self._sort_out(conn, outcomes)
+            if matched != len(outcomes):
+                written = self._sort_out(conn, outcomes)  # which may end rows `canceled`: read after it
+                reads = None
+            else:
+                written = [Written.APPLIED] * len(outcomes)
             pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
             # Answers per pool: they count towards probing a learned limit up, and they prove a
             # pool's peak in slow start (the slots they freed were busy until now).
@@ -359,7 +375,8 @@ class QueueQueries(ClaimQueries):
             if learning:
                 pool_state.note_successes(conn, learning, self.pool_probe_seconds)
             if claim_for:
-                claim = self._claim_in(conn, claim_for, proven=answered, **limits)
+                read = (reads, read_ahead) if reads else None
+                claim = self._claim_in(conn, claim_for, proven=answered, read=read, **limits)
                 active = claim.active_slots - len(claim.requests)
             else:
                 claim, active = None, self._active(conn)

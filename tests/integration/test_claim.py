@@ -9,7 +9,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ledger.enqueue import build_spec, to_row
-from ledger.store import Store
+from ledger.store import Store, queue
+from ledger.store import claim as claim_sql
+from ledger.store.dialect import json_param
 from ledger.store.queue import CancelResult
 from ledger.store.rows import AttemptFailure, Claim, Completed, PoolWindow, RetryLater, Written
 from tests.integration.store_helpers import add_requests
@@ -64,6 +66,36 @@ def test_a_saturated_pool_never_blocks_another(store: Store) -> None:
     assert usage["mock:slow"]["running"] == 2
     assert usage["mock:fast"]["running"] == 3
     assert len(ids) == 5
+
+
+LIMITS = {"lease_seconds": 30.0, "max_attempts": 3}
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["reads sent with the group", "after a lease sweep"])
+def test_a_group_commit_refills_past_a_full_pool_whose_rows_come_first(store: Store, sweep: bool) -> None:
+    """The slot a group frees goes to the first due row that fits, even when the rows ahead of
+    it all belong to a pool that is full: the claim reads past them."""
+    add_requests(store, 10, model="slow", prefix="s")
+    add_requests(store, 4, model="fast", prefix="f")
+    pools = {"mock:slow": 2, "mock:fast": 5}
+    limits = {**LIMITS, "global_limit": 4, "pool_limit": lambda ep: pools[ep], "max_claims": 4}
+    first = store.claim("w", **limits)
+    assert [r.endpoint for r in first.requests] == ["mock:slow"] * 2 + ["mock:fast"] * 2
+    fast = first.requests[2]
+    recorded = store.record([Completed(fast, fast.attempt, "ok", 1)], claim_for="w", reclaim=sweep, **limits)
+    assert recorded.claim is not None
+    assert [(r.endpoint, r.idempotency_key) for r in recorded.claim.requests] == [("mock:fast", "f-2")]
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["reads sent with the group", "after a lease sweep"])
+def test_a_group_commit_fills_every_free_slot_not_only_those_it_freed(store: Store, sweep: bool) -> None:
+    add_requests(store, 20)
+    limits = {**LIMITS, "global_limit": 8, "pool_limit": lambda _: 8, "max_claims": 8}
+    (only,) = store.claim("w", **{**limits, "max_claims": 1}).requests
+    recorded = store.record([Completed(only, only.attempt, "ok", 1)], claim_for="w", reclaim=sweep, **limits)
+    assert recorded.claim is not None and len(recorded.claim.requests) == 8
+    counts = store.status_counts()
+    assert (counts["completed"], counts["running"], counts["queued"]) == (1, 8, 11)
 
 
 def test_a_small_job_is_not_starved_by_a_huge_one(store: Store) -> None:
@@ -219,3 +251,31 @@ def test_an_answer_with_a_nul_or_a_lone_surrogate_is_kept_whole_and_readable(sto
     assert row is not None and row["status"] == "completed"
     raw = row["raw_output"]
     assert raw.startswith("before\ufffdafter \ufffd") and raw.endswith(" end") and "\x00" not in raw
+
+
+def test_postgresql_reaches_a_group_and_a_claim_by_key_not_by_scanning_the_ledger(pg_url: str) -> None:
+    """PostgreSQL takes a JSON chunk of rows for a hundred whatever it holds, and would rather
+    scan a ledger of some thousands of requests than look up a hundred keys: every group commit
+    of a young ledger read every request it ever had. The statements say their keys as an
+    array too (`json_rows.match`), which it looks up by index."""
+    store = Store(pg_url)
+    try:
+        add_requests(store, 3000)
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE llm_requests")
+            conn.exec_driver_sql("ANALYZE llm_attempts")
+        taken = store.claim("w", global_limit=5, pool_limit=lambda _: 5, max_claims=5, **LIMITS).requests
+        group = json_param(
+            {"id": r.id, "token": r.token, "attempt": r.attempt, "outcome": "succeeded", "raw": "ok"} for r in taken
+        )
+        statements = [
+            (queue._WITH_ATTEMPTS["completed"], {"b_rows": group, "b_attempts": group}),
+            (claim_sql._TAKE_AND_START, {"b_ids": json_param({"id": i} for i in range(10, 15)), "b_worker": "w"}),
+        ]
+        with store.engine.connect() as conn:
+            for stmt, params in statements:
+                sql, args = store.dialect._driver_args(conn, stmt, {**params, "b_lease": 30.0})
+                plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + sql, args))
+                assert "Seq Scan on llm_requests" not in plan, plan
+    finally:
+        store.close()

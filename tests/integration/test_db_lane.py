@@ -18,6 +18,7 @@ from ledger.enqueue import build_spec, to_row
 from ledger.record import DbLane
 from ledger.store import Store
 from ledger.store.queue import CancelResult
+from ledger.store.rows import Completed, Outcome, Written
 
 T = TypeVar("T")
 
@@ -36,8 +37,8 @@ def store(pg_url: str) -> Iterator[Store]:
 
 
 def cut_connection_once(store: Store, moment: str, admin_dsn: str) -> list[int]:
-    """Terminate the backend of the next transaction at `moment` ("statement" or "commit"); returns
-    a list that records each cut."""
+    """Terminate the backend of the next transaction at `moment` ("begin", "statement" or "commit");
+    returns a list that records each cut."""
     cuts: list[int] = []
     admin = psycopg.connect(admin_dsn, autocommit=True)
 
@@ -48,7 +49,13 @@ def cut_connection_once(store: Store, moment: str, admin_dsn: str) -> list[int]:
             admin.close()
             cuts.append(pid)
 
-    if moment == "statement":
+    if moment == "begin":  # before the transaction's first statement goes out
+
+        @event.listens_for(store.engine, "begin")
+        def _before_first(conn: Any) -> None:
+            cut(conn.connection.dbapi_connection)
+
+    elif moment == "statement":
 
         @event.listens_for(store.engine, "before_cursor_execute")
         def _before_statement(conn: Any, cursor: Any, *_: Any) -> None:
@@ -141,3 +148,26 @@ def test_a_lost_commit_of_a_rerunnable_step_is_run_again_not_fatal(
     calls: list[int] = []
     anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: step(store)))
     assert len(cuts) == 1 and len(calls) == 2
+
+
+def test_a_connection_cut_under_a_group_commit_sent_in_one_round_trip_is_tried_again(store: Store, pg_dsn: str) -> None:
+    """A group commit sends its lock, its writes and its claim's reads together (one query,
+    outside SQLAlchemy's execute): a backend terminated under them is the same transient,
+    retried failure as under any statement, and the group is written once."""
+    taken = store.claim("w", lease_seconds=30, global_limit=1, pool_limit=lambda _: 1, max_attempts=3, max_claims=1)
+    (call,) = taken.requests
+    cuts = cut_connection_once(store, "begin", pg_dsn)
+    calls: list[int] = []
+    limits = {"lease_seconds": 30, "global_limit": 1, "pool_limit": lambda _: 1, "max_attempts": 3, "max_claims": 1}
+    group: list[Outcome] = [Completed(call, call.attempt, "paid", 3)]
+    recorded = anyio.run(
+        DbLane(retry_seconds=10).run,
+        counted(calls, lambda: store.record(group, claim_for="w", reclaim=False, **limits)),
+    )
+    assert len(cuts) == 1 and len(calls) == 2
+    assert recorded.written == [Written.APPLIED]
+    assert recorded.claim is not None and [r.id for r in recorded.claim.requests] == [2]
+    counts = store.status_counts()
+    assert (counts["completed"], counts["running"], counts["queued"]) == (1, 1, 0)
+    row = store.get_request(call.id)
+    assert row is not None and [a["outcome"] for a in row["attempt_rows"]] == ["succeeded"]
