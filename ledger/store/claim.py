@@ -126,7 +126,7 @@ _CANDIDATES = (
 # The rows a claim picked, one JSON parameter (`json_rows`): the take and its attempt rows run
 # as hot statements (`Dialect.execute`), compiled once, where an expanding IN list would have
 # SQLAlchemy render the statement anew at every claim (a sixth of the lane's GIL time, issue 9).
-_PICKED = json_rows("t", "b_ids", column("id", BigInteger))
+_PICKED = json_rows("t", "b_ids", column("id", BigInteger), keys="b_id_list")
 _TAKE = (
     update(requests)
     .where(_PICKED.match(_c.id), unindexed(_c.status) == QUEUED)
@@ -264,16 +264,21 @@ class ClaimQueries:
             conn, state_rows, in_flight, pool_limit, global_limit, self.pool_rules, proven, hold
         )
         self.learning, self.windowed = set(room.learned), set(room.allowed)
-        picked = None if candidates is None else self._pick(conn, candidates.rows, room, free_total, daily_budget)
+        picked = None
+        if candidates is not None:  # read before the pools were known: leave out the full ones, as the query does
+            full = set(room.full)
+            due = [row for row in candidates.rows if row.endpoint not in full]
+            picked = self._pick(conn, due, room, free_total, daily_budget)
         # Too few read ahead (more rows were due, and a full pool's or the budget's may have
         # crowded the others out): read again, past the full pools, for the slots actually free.
         if picked is None or (len(picked) < free_total and candidates is not None and len(candidates.rows) >= asked):
             room = room.fresh()
-            (rows,) = self.dialect.run_all(conn, [self._candidate_read(room.full, free_total)])
-            picked = self._pick(conn, rows.rows, room, free_total, daily_budget)
+            (more,) = self.dialect.run_all(conn, [self._candidate_read(room.full, free_total)])
+            picked = self._pick(conn, more.rows, room, free_total, daily_budget)
         if not picked:
             return Claim([], total, reclaimed)
-        params = {"b_ids": json_param({"id": i} for i in picked), "b_worker": worker, "b_lease": lease_seconds}
+        ids = json_param({"id": i} for i in picked)
+        params = {"b_ids": ids, "b_id_list": picked, "b_worker": worker, "b_lease": lease_seconds}
         leased_at = time.monotonic()
         took = self.dialect.update_then_insert(
             conn,

@@ -156,17 +156,19 @@ def _sqlite_unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> s
 
 class json_rows(expression.TableClause):
     """Rows given as one JSON parameter (a list of objects, `json_param`), usable as a
-    table: `v = json_rows("v", "b_rows", column("id", BigInteger), ...)`, then `v.c.id`.
+    table: `v = json_rows("v", "b_rows", column("id", BigInteger), ...)`, then `v.c.id`, joined
+    to a table with `v.match(table.c.id)`.
 
     One statement (one round trip, one parse) writes a whole chunk, where per-row
-    statements cost a round trip and an executor start each. Only as an extra FROM.
+    statements cost a round trip and an executor start each.
     """
 
     inherit_cache = False  # compiled once per engine by `Dialect`, never through the statement cache
 
-    def __init__(self, name: str, param: str, *columns: expression.ColumnClause[Any]) -> None:
+    def __init__(self, name: str, param: str, *columns: expression.ColumnClause[Any], keys: str | None = None) -> None:
+        """`keys`: the name of a parameter that also holds the chunk's keys, as a list (see `match`)."""
         super().__init__(name, *columns)
-        self.param = param
+        self.param, self.keys = param, keys
 
     def match(self, col: expression.ColumnElement[Any], key: str = "id") -> expression.ColumnElement[bool]:
         """`col = <this chunk's key>`: the join of a table to the chunk, by a column it has an index on.
@@ -175,8 +177,11 @@ class json_rows(expression.TableClause):
         scan the whole table than look 100 keys up until the table is tens of thousands of
         rows long (every group commit of a young ledger scanned every request it ever had).
         There the keys are also given as an array (`col = ANY(ARRAY(...))`), which it looks
-        up by index. SQLite's planner needs no such hint.
+        up by index; the caller passes the keys as a list in the parameter named `keys` (a
+        small one: parsing the chunk again for them cost as much as the update when the chunk
+        carries long outputs). SQLite's planner needs no such hint.
         """
+        assert self.keys is not None, "json_rows.match needs the chunk's `keys` parameter"
         return and_(col == self.c[key], _chunk_keys(col, self, key))
 
 
@@ -195,9 +200,8 @@ class _chunk_keys(expression.FunctionElement[Any]):
 def _pg_chunk_keys(element: _chunk_keys, compiler: SQLCompiler, **kw: Any) -> str:
     col = compiler.process(next(iter(element.clauses)), **kw)
     key_type = compiler.dialect.type_compiler_instance.process(element.rows.c[element.chunk_key].type)
-    rows = _rows_param(element.rows, compiler, **kw)
-    keys = f"SELECT CAST(e->>'{element.chunk_key}' AS {key_type}) FROM json_array_elements(CAST({rows} AS json)) AS e"
-    return f"{col} = ANY(ARRAY({keys}))"
+    keys = compiler.process(bindparam(element.rows.keys, type_=String()), **kw)
+    return f"{col} = ANY(CAST({keys} AS {key_type}[]))"
 
 
 @compiles(_chunk_keys, "sqlite")
@@ -267,11 +271,14 @@ class Dialect:
 
     def run_all(self, conn: Connection, statements: Iterable[tuple[Any, dict[str, Any]]]) -> list[Ran]:
         """Hot statements (as `execute`) none of whose parameters depends on another's result,
-        each result read whole. PostgreSQL gets them all in one round trip (`_in_one_query`);
-        SQLite runs them one after the other."""
-        if self.name != "postgresql":
-            return [Ran.read(self.execute(conn, stmt, params)) for stmt, params in statements]
-        return _in_one_query(conn, [self._driver_args(conn, stmt, params) for stmt, params in statements])
+        each result read whole. PostgreSQL gets them all in one round trip (`_in_one_query`),
+        unless their parameters are large (long outputs): bound on the client, those would be
+        copied into the query text and parsed there, which costs more than the round trips
+        saved. SQLite runs them one after the other."""
+        driver_args = [self._driver_args(conn, stmt, params) for stmt, params in statements]
+        if self.name != "postgresql" or _size(driver_args) > INLINE_AT_MOST:
+            return [Ran.read(conn.exec_driver_sql(sql, args)) for sql, args in driver_args]
+        return _in_one_query(conn, driver_args)
 
     def update_then_insert(
         self,
@@ -446,6 +453,15 @@ class Ran:
         return iter(self.rows)
 
 
+# Parameter bytes up to which `run_all` sends its statements as one query on PostgreSQL.
+INLINE_AT_MOST = 64 * 1024
+
+
+def _size(driver_args: list[tuple[str, Any]]) -> int:
+    values = (v for _, args in driver_args for v in (args.values() if isinstance(args, dict) else args))
+    return sum(len(v) for v in values if isinstance(v, str))
+
+
 def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ran]:
     """PostgreSQL: `statements` as one simple query, one round trip, their results read in turn.
 
@@ -456,9 +472,10 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
     daemon frozen after it would hold the claim lock past `idle_in_transaction_session_timeout`.
 
     Outside SQLAlchemy's `execute` (which reads one result), so its error handling is done
-    here the same way: a driver error comes out as SQLAlchemy's wrapped error, and a lost
-    connection invalidates the connection, so that the lane's retry rules (`is_transient`)
-    see what they always saw.
+    here as SQLAlchemy does it: a driver error comes out as SQLAlchemy's wrapped error, and
+    a lost connection invalidates the connection and the pool, so that the lane's retry
+    rules (`is_transient`) see what they always saw. (SQLAlchemy's `handle_error` and
+    cursor events do not fire for these statements; the store registers none.)
     """
     raw: Any = conn.connection.driver_connection
     query = ";\n".join(psycopg.ClientCursor(raw).mogrify(sql, args) for sql, args in statements)
@@ -473,7 +490,8 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
     except psycopg.Error as exc:
         error: Any = exc
         lost = conn.dialect.is_disconnect(error, raw, None)
-        if lost:
+        if lost:  # as SQLAlchemy does: every pooled connection of that server is suspect now
+            conn.engine.pool._invalidate(conn.connection, exc)
             conn.invalidate(exc)
         raise DBAPIError.instance(
             query, None, exc, psycopg.Error, connection_invalidated=lost, dialect=conn.dialect

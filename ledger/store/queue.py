@@ -118,9 +118,14 @@ def _outcome_columns() -> list[ColumnClause[Any]]:
     ]
 
 
-_V = json_rows("v", "b_rows", *_outcome_columns())  # the outcomes of one kind (request rows)
-_VA = json_rows("va", "b_attempts", *_outcome_columns())  # the whole group (attempt rows)
+_V = json_rows("v", "b_rows", *_outcome_columns(), keys="b_row_ids")  # the outcomes of one kind (request rows)
+_VA = json_rows("va", "b_attempts", *_outcome_columns(), keys="b_attempt_ids")  # the whole group (attempt rows)
 _v, _va = _V.c, _VA.c
+
+
+def _chunk(rows: list[dict[str, Any]], param: str, keys: str, as_json: str | None = None) -> dict[str, Any]:
+    """The parameters of a `json_rows` chunk: its rows (`as_json` if already encoded), and its keys."""
+    return {param: as_json if as_json is not None else json_param(rows), keys: [row["id"] for row in rows]}
 
 
 def _outcome_row(o: Outcome) -> dict[str, Any]:
@@ -338,10 +343,10 @@ class QueueQueries(ClaimQueries):
             by_kind.setdefault(_kind(o), []).append(row)
         updates: list[tuple[Any, dict[str, Any]]] = []
         for i, (kind, of_kind) in enumerate(by_kind.items()):
-            params = {"b_rows": group if len(of_kind) == len(rows) else json_param(of_kind)}
+            params = _chunk(of_kind, "b_rows", "b_row_ids", group if len(of_kind) == len(rows) else None)
             if i == 0:  # the group's attempts are closed with the first kind's requests
                 both = self.dialect.as_one(_WITH_ATTEMPTS[kind], (_FINISH_ATTEMPTS, _REQUEST_UPDATES[kind]))
-                updates += [(stmt, {**params, "b_attempts": group}) for stmt in both]
+                updates += [(stmt, {**params, **_chunk(rows, "b_attempts", "b_attempt_ids", group)}) for stmt in both]
             else:
                 updates.append((_REQUEST_UPDATES[kind], params))
         # The claim's reads go with the group's writes when nothing else is written before the
@@ -395,7 +400,7 @@ class QueueQueries(ClaimQueries):
                 written.append(Written.APPLIED)
             elif row.status == RUNNING and row.cancel_requested_at is not None:
                 stmt = _CANCEL_UPDATES["completed" if isinstance(o, Completed) else "other"]
-                ended = self.dialect.execute(conn, stmt, {"b_rows": json_param([_outcome_row(o)])}).rowcount
+                ended = self.dialect.execute(conn, stmt, _chunk([_outcome_row(o)], "b_rows", "b_row_ids")).rowcount
                 written.append(Written.CANCELED if ended else Written.REFUSED)
             else:
                 written.append(Written.REFUSED)
@@ -430,7 +435,7 @@ class QueueQueries(ClaimQueries):
                     return NextAttempt(number, 0, 0.0)
             # Not live under this lease any more: a cancel waiting for it ends it here, else it was taken over.
             why = {"id": request.id, "token": request.token, "why": "canceled during a back-off between attempts"}
-            ended = self.dialect.execute(conn, _CANCEL_UPDATES["other"], {"b_rows": json_param([why])}).rowcount
+            ended = self.dialect.execute(conn, _CANCEL_UPDATES["other"], _chunk([why], "b_rows", "b_row_ids")).rowcount
             return NextAttempt(None, self._active(conn), time.time(), canceled=bool(ended))
 
     def _give_back(self, conn: Connection, request: ClaimedRequest) -> bool:

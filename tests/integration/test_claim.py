@@ -88,6 +88,23 @@ def test_a_group_commit_refills_past_a_full_pool_whose_rows_come_first(store: St
 
 
 @pytest.mark.parametrize("sweep", [False, True], ids=["reads sent with the group", "after a lease sweep"])
+def test_a_group_commit_opens_nothing_in_a_pool_cooling_down_or_held(store: Store, sweep: bool) -> None:
+    """A pool serving a retry-after, or whose refusal is on its way to the ledger, gets no new
+    call from a group commit's refill, though its rows are first in the queue."""
+    add_requests(store, 6, model="a")
+    add_requests(store, 2, model="b")
+    limits = {**LIMITS, "global_limit": 4, "pool_limit": lambda _: 4, "max_claims": 4}
+    (first,) = store.claim("w", **{**limits, "max_claims": 1}).requests
+    store.record([RetryLater(first, 1, AttemptFailure(429, "rate_limited", "slow down", 1), 0.0, False, 30.0)])
+    (second,) = store.claim("w", **{**limits, "max_claims": 1}).requests
+    assert second.endpoint == "mock:b"  # a cools down for 30 s
+    recorded = store.record(
+        [Completed(second, second.attempt, "ok", 1)], claim_for="w", reclaim=sweep, hold=["mock:b"], **limits
+    )
+    assert recorded.claim is not None and recorded.claim.requests == []
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["reads sent with the group", "after a lease sweep"])
 def test_a_group_commit_fills_every_free_slot_not_only_those_it_freed(store: Store, sweep: bool) -> None:
     add_requests(store, 20)
     limits = {**LIMITS, "global_limit": 8, "pool_limit": lambda _: 8, "max_claims": 8}
@@ -268,9 +285,17 @@ def test_postgresql_reaches_a_group_and_a_claim_by_key_not_by_scanning_the_ledge
         group = json_param(
             {"id": r.id, "token": r.token, "attempt": r.attempt, "outcome": "succeeded", "raw": "ok"} for r in taken
         )
+        ids = [r.id for r in taken]
+        picked = list(range(10, 15))
         statements = [
-            (queue._WITH_ATTEMPTS["completed"], {"b_rows": group, "b_attempts": group}),
-            (claim_sql._TAKE_AND_START, {"b_ids": json_param({"id": i} for i in range(10, 15)), "b_worker": "w"}),
+            (
+                queue._WITH_ATTEMPTS["completed"],
+                {"b_rows": group, "b_attempts": group, "b_row_ids": ids, "b_attempt_ids": ids},
+            ),
+            (
+                claim_sql._TAKE_AND_START,
+                {"b_ids": json_param({"id": i} for i in picked), "b_id_list": picked, "b_worker": "w"},
+            ),
         ]
         with store.engine.connect() as conn:
             for stmt, params in statements:
