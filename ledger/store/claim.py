@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -43,7 +43,7 @@ from sqlalchemy.engine import Connection, Engine
 from ledger.models import AttemptOutcome, Delivery, Job, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.commit import transaction
-from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, json_param, json_rows, unindexed
+from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, json_rows, unindexed
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -166,10 +166,17 @@ _ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
 
 @dataclass(frozen=True)
 class ClaimReads:
-    """A claim's reads, to be sent ahead with other statements (`ClaimQueries.claim_reads`)."""
+    """A claim's reads, to be sent ahead with other statements (`ClaimQueries.claim_reads`), and,
+    once run, what they `found`: slots in use, pool state, candidates."""
 
     statements: list[tuple[Any, dict[str, Any]]]
     candidates_asked: int
+    found: list[Ran] = field(default_factory=list)
+
+
+def _candidates_for(slots: int) -> int:
+    """How many candidates to read for `slots` free slots: some may belong to pools that fill up."""
+    return max(slots, 1) * _CANDIDATES_PER_SLOT
 
 
 class ClaimQueries:
@@ -203,15 +210,14 @@ class ClaimQueries:
         slots), for a caller to send with its own statements: a group commit sends them with the
         group's writes, one round trip on PostgreSQL. Its claim (`_claim_in(read=...)`) reads
         more candidates only if these were too few, or crowded out by a full pool's."""
-        candidates = self._candidate_read((), expected)
-        return ClaimReads([*self._state_reads(worker, lease_seconds), candidates], candidates[1]["b_limit"])
+        asked = _candidates_for(expected)
+        return ClaimReads([*self._state_reads(worker, lease_seconds), self._candidate_read((), asked)], asked)
 
     def _state_reads(self, worker: str, lease_seconds: float) -> list[tuple[Any, dict[str, Any]]]:
         return [(_CLAIM_STATE, {"b_since": -lease_seconds, "b_worker": worker}), (pool_state.STATE, {})]
 
-    def _candidate_read(self, full: Collection[str], slots: int) -> tuple[Any, dict[str, Any]]:
-        limit = max(slots, 1) * _CANDIDATES_PER_SLOT
-        return self._candidates, {"b_full": json_param({"endpoint": e} for e in full), "b_limit": limit}
+    def _candidate_read(self, full: Collection[str], limit: int) -> tuple[Any, dict[str, Any]]:
+        return self._candidates, {**_FULL.bind({"endpoint": e} for e in full), "b_limit": limit}
 
     def _claim_in(
         self,
@@ -228,23 +234,21 @@ class ClaimQueries:
         held: Collection[Held] = (),
         proven: Mapping[str, int] | None = None,
         hold: Collection[str] = (),
-        read: tuple[ClaimReads, list[Ran]] | None = None,
+        read: ClaimReads | None = None,
     ) -> Claim:
         """The claim, inside a transaction that already holds the claim lock. `proven`: per pool,
         the slots an outcome just freed with an answer (a group commit's own claim); `hold`:
         pools this claim leaves alone (a refusal from them is on its way to the ledger); `read`:
-        `claim_reads` and what it found, read in this transaction after its last write."""
+        `claim_reads` with what it found, read in this transaction after its last write."""
         if reclaim:
             # A live claimer never reclaims what it is still working on, however late its
             # renewal (a database outage longer than the lease): it renews those first.
             _extend(conn, worker, lease_seconds, held)
         reclaimed_rows = self._reclaim_expired(conn, max_attempts) if reclaim else []
         reclaim_ts = time.time()
-        if read is None:
-            counts, state_rows = self.dialect.run_all(conn, self._state_reads(worker, lease_seconds))
-            candidates, asked = None, 0
-        else:
-            (counts, state_rows, candidates), asked = read[1], read[0].candidates_asked
+        counts, state_rows = (
+            self.dialect.run_all(conn, self._state_reads(worker, lease_seconds)) if read is None else read.found[:2]
+        )
         in_flight: dict[str, int] = {}
         state = {_LIVE_WORKERS: 0, _MINE: 0}
         for endpoint, n in counts:
@@ -265,26 +269,26 @@ class ClaimQueries:
         )
         self.learning, self.windowed = set(room.learned), set(room.allowed)
         picked = None
-        if candidates is not None:  # read before the pools were known: leave out the full ones, as the query does
-            full = set(room.full)
-            due = [row for row in candidates.rows if row.endpoint not in full]
+        if read is not None:  # candidates read before the pools were known: leave out the full ones
+            candidates, full = read.found[2].rows, set(room.full)
+            due = [row for row in candidates if row.endpoint not in full]
             picked = self._pick(conn, due, room, free_total, daily_budget)
-        # Too few read ahead (more rows were due, and a full pool's or the budget's may have
-        # crowded the others out): read again, past the full pools, for the slots actually free.
-        if picked is None or (len(picked) < free_total and candidates is not None and len(candidates.rows) >= asked):
-            room = room.fresh()
-            (more,) = self.dialect.run_all(conn, [self._candidate_read(room.full, free_total)])
+            if len(picked) < free_total and len(candidates) >= read.candidates_asked:
+                # Too few: more rows were due, and a full pool's (or the budget's) may have
+                # crowded the others out. Read again, past the full pools, for the slots free.
+                picked, room = None, room.fresh()
+        if picked is None:
+            (more,) = self.dialect.run_all(conn, [self._candidate_read(room.full, _candidates_for(free_total))])
             picked = self._pick(conn, more.rows, room, free_total, daily_budget)
         if not picked:
             return Claim([], total, reclaimed)
-        ids = json_param({"id": i} for i in picked)
-        params = {"b_ids": ids, "b_id_list": picked, "b_worker": worker, "b_lease": lease_seconds}
+        params = {**_PICKED.bind({"id": i} for i in picked), "b_worker": worker, "b_lease": lease_seconds}
         leased_at = time.monotonic()
         took = self.dialect.update_then_insert(
             conn,
             _TAKE_AND_START,
             (_TAKE, params),
-            lambda rows: (_START_TAKEN, {"b_taken": json_param({"id": r.id} for r in rows), "b_worker": worker}),
+            lambda rows: (_START_TAKEN, {**_TAKEN.bind({"id": r.id} for r in rows), "b_worker": worker}),
         )
         claimed = [to_claimed(r) for r in took]
         order = {request_id: i for i, request_id in enumerate(picked)}

@@ -166,40 +166,48 @@ class json_rows(expression.TableClause):
     inherit_cache = False  # compiled once per engine by `Dialect`, never through the statement cache
 
     def __init__(self, name: str, param: str, *columns: expression.ColumnClause[Any], keys: str | None = None) -> None:
-        """`keys`: the name of a parameter that also holds the chunk's keys, as a list (see `match`)."""
+        """`keys`: the name of a parameter that also holds the chunk's `id`s, as a list (see `match`)."""
         super().__init__(name, *columns)
         self.param, self.keys = param, keys
 
-    def match(self, col: expression.ColumnElement[Any], key: str = "id") -> expression.ColumnElement[bool]:
-        """`col = <this chunk's key>`: the join of a table to the chunk, by a column it has an index on.
+    def bind(self, rows: Iterable[dict[str, Any]], encoded: str | None = None) -> dict[str, Any]:
+        """The statement parameters for these rows (`encoded`: their `json_param`, if made already)."""
+        if self.keys is None:
+            return {self.param: encoded if encoded is not None else json_param(rows)}
+        listed = list(rows)
+        keys = [row["id"] for row in listed]
+        return {self.param: encoded if encoded is not None else json_param(listed), self.keys: keys}
+
+    def match(self, col: expression.ColumnElement[Any]) -> expression.ColumnElement[bool]:
+        """`col = <this chunk's id>`: the join of a table to the chunk, by a column it has an index on.
 
         PostgreSQL's planner takes a JSON chunk for 100 rows whatever it holds, and would rather
         scan the whole table than look 100 keys up until the table is tens of thousands of
         rows long (every group commit of a young ledger scanned every request it ever had).
-        There the keys are also given as an array (`col = ANY(ARRAY(...))`), which it looks
-        up by index; the caller passes the keys as a list in the parameter named `keys` (a
-        small one: parsing the chunk again for them cost as much as the update when the chunk
-        carries long outputs). SQLite's planner needs no such hint.
+        There the keys are also given as an array (`col = ANY(:keys)`), which it looks
+        up by index; `bind` passes them as a list in the parameter named `keys` (a small one:
+        parsing the chunk again for them cost as much as the update when the chunk carries long
+        outputs). SQLite's planner needs no such hint.
         """
         assert self.keys is not None, "json_rows.match needs the chunk's `keys` parameter"
-        return and_(col == self.c[key], _chunk_keys(col, self, key))
+        return and_(col == self.c.id, _chunk_keys(col, self))
 
 
 class _chunk_keys(expression.FunctionElement[Any]):
-    """`col` is one of the `key` values of a `json_rows` chunk (see `json_rows.match`)."""
+    """`col` is one of the `id`s of a `json_rows` chunk (see `json_rows.match`)."""
 
     inherit_cache = False
     type = Boolean()
 
-    def __init__(self, col: expression.ColumnElement[Any], rows: json_rows, key: str) -> None:
+    def __init__(self, col: expression.ColumnElement[Any], rows: json_rows) -> None:
         super().__init__(col)
-        self.rows, self.chunk_key = rows, key
+        self.rows = rows
 
 
 @compiles(_chunk_keys, "postgresql")
 def _pg_chunk_keys(element: _chunk_keys, compiler: SQLCompiler, **kw: Any) -> str:
     col = compiler.process(next(iter(element.clauses)), **kw)
-    key_type = compiler.dialect.type_compiler_instance.process(element.rows.c[element.chunk_key].type)
+    key_type = compiler.dialect.type_compiler_instance.process(element.rows.c.id.type)
     keys = compiler.process(bindparam(element.rows.keys, type_=String()), **kw)
     return f"{col} = ANY(CAST({keys} AS {key_type}[]))"
 

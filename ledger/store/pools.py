@@ -316,16 +316,15 @@ class _Heard:
 
 
 def note_outcomes(
-    conn: Connection, dialect: Dialect, outcomes: Collection[Outcome], rules: PoolRules, windowed: Collection[str] = ()
+    conn: Connection, dialect: Dialect, outcomes: Iterable[Outcome], rules: PoolRules, windowed: Collection[str] = ()
 ) -> None:
-    """What a group of outcomes says about their pools: windows spent, limits learned, tokens used.
+    """What a group of outcomes says about their pools: windows spent, limits learned, tokens used
+    (nothing when they are `quiet`, which the caller asks first).
 
     Every 429 counts, whatever became of its row: it is what the provider said about the pool.
     `windowed`: pools held to a window the headers announced (the last claim saw them); only
     theirs is cleared when an answer says the window has room enough again.
     """
-    if quiet(outcomes, rules, windowed):
-        return
     heard: dict[str, _Heard] = {}
     for o in outcomes:
         if not isinstance(o, Completed | RetryLater):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import (
@@ -121,11 +121,6 @@ def _outcome_columns() -> list[ColumnClause[Any]]:
 _V = json_rows("v", "b_rows", *_outcome_columns(), keys="b_row_ids")  # the outcomes of one kind (request rows)
 _VA = json_rows("va", "b_attempts", *_outcome_columns(), keys="b_attempt_ids")  # the whole group (attempt rows)
 _v, _va = _V.c, _VA.c
-
-
-def _chunk(rows: list[dict[str, Any]], param: str, keys: str, as_json: str | None = None) -> dict[str, Any]:
-    """The parameters of a `json_rows` chunk: its rows (`as_json` if already encoded), and its keys."""
-    return {param: as_json if as_json is not None else json_param(rows), keys: [row["id"] for row in rows]}
 
 
 def _outcome_row(o: Outcome) -> dict[str, Any]:
@@ -343,10 +338,11 @@ class QueueQueries(ClaimQueries):
             by_kind.setdefault(_kind(o), []).append(row)
         updates: list[tuple[Any, dict[str, Any]]] = []
         for i, (kind, of_kind) in enumerate(by_kind.items()):
-            params = _chunk(of_kind, "b_rows", "b_row_ids", group if len(of_kind) == len(rows) else None)
+            params = _V.bind(of_kind, group if len(of_kind) == len(rows) else None)
             if i == 0:  # the group's attempts are closed with the first kind's requests
                 both = self.dialect.as_one(_WITH_ATTEMPTS[kind], (_FINISH_ATTEMPTS, _REQUEST_UPDATES[kind]))
-                updates += [(stmt, {**params, **_chunk(rows, "b_attempts", "b_attempt_ids", group)}) for stmt in both]
+                params |= _VA.bind(rows, group)
+                updates += [(stmt, params) for stmt in both]
             else:
                 updates.append((_REQUEST_UPDATES[kind], params))
         # The claim's reads go with the group's writes when nothing else is written before the
@@ -354,7 +350,7 @@ class QueueQueries(ClaimQueries):
         reads = None
         quiet = pool_state.quiet(outcomes, self.pool_rules, self.windowed)
         if claim_for and quiet and not limits.get("reclaim", True) and not self.learning & endpoints:
-            freed = sum(1 for kind in by_kind for _ in by_kind[kind] if kind != "retry_hold")
+            freed = sum(len(of_kind) for kind, of_kind in by_kind.items() if kind != "retry_hold")
             reads = self.claim_reads(claim_for, limits["lease_seconds"], freed)
         with transaction(self.engine, self.dialect) as conn:
             # The lock, the group's updates and the claim's reads: one round trip on PostgreSQL.
@@ -368,7 +364,8 @@ class QueueQueries(ClaimQueries):
                 reads = None
             else:
                 written = [Written.APPLIED] * len(outcomes)
-            pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
+            if not quiet:
+                pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
             # Answers per pool: they count towards probing a learned limit up, and they prove a
             # pool's peak in slow start (the slots they freed were busy until now).
             answered = Counter(
@@ -380,7 +377,7 @@ class QueueQueries(ClaimQueries):
             if learning:
                 pool_state.note_successes(conn, learning, self.pool_probe_seconds)
             if claim_for:
-                read = (reads, read_ahead) if reads else None
+                read = replace(reads, found=read_ahead) if reads else None
                 claim = self._claim_in(conn, claim_for, proven=answered, read=read, **limits)
                 active = claim.active_slots - len(claim.requests)
             else:
@@ -400,7 +397,7 @@ class QueueQueries(ClaimQueries):
                 written.append(Written.APPLIED)
             elif row.status == RUNNING and row.cancel_requested_at is not None:
                 stmt = _CANCEL_UPDATES["completed" if isinstance(o, Completed) else "other"]
-                ended = self.dialect.execute(conn, stmt, _chunk([_outcome_row(o)], "b_rows", "b_row_ids")).rowcount
+                ended = self.dialect.execute(conn, stmt, _V.bind([_outcome_row(o)])).rowcount
                 written.append(Written.CANCELED if ended else Written.REFUSED)
             else:
                 written.append(Written.REFUSED)
@@ -435,7 +432,7 @@ class QueueQueries(ClaimQueries):
                     return NextAttempt(number, 0, 0.0)
             # Not live under this lease any more: a cancel waiting for it ends it here, else it was taken over.
             why = {"id": request.id, "token": request.token, "why": "canceled during a back-off between attempts"}
-            ended = self.dialect.execute(conn, _CANCEL_UPDATES["other"], _chunk([why], "b_rows", "b_row_ids")).rowcount
+            ended = self.dialect.execute(conn, _CANCEL_UPDATES["other"], _V.bind([why])).rowcount
             return NextAttempt(None, self._active(conn), time.time(), canceled=bool(ended))
 
     def _give_back(self, conn: Connection, request: ClaimedRequest) -> bool:

@@ -11,7 +11,6 @@ import pytest
 from ledger.enqueue import build_spec, to_row
 from ledger.store import Store, queue
 from ledger.store import claim as claim_sql
-from ledger.store.dialect import json_param
 from ledger.store.queue import CancelResult
 from ledger.store.rows import AttemptFailure, Claim, Completed, PoolWindow, RetryLater, Written
 from tests.integration.store_helpers import add_requests
@@ -282,20 +281,13 @@ def test_postgresql_reaches_a_group_and_a_claim_by_key_not_by_scanning_the_ledge
             conn.exec_driver_sql("ANALYZE llm_requests")
             conn.exec_driver_sql("ANALYZE llm_attempts")
         taken = store.claim("w", global_limit=5, pool_limit=lambda _: 5, max_claims=5, **LIMITS).requests
-        group = json_param(
+        group = [
             {"id": r.id, "token": r.token, "attempt": r.attempt, "outcome": "succeeded", "raw": "ok"} for r in taken
-        )
-        ids = [r.id for r in taken]
-        picked = list(range(10, 15))
+        ]
+        picked = [{"id": i} for i in range(10, 15)]
         statements = [
-            (
-                queue._WITH_ATTEMPTS["completed"],
-                {"b_rows": group, "b_attempts": group, "b_row_ids": ids, "b_attempt_ids": ids},
-            ),
-            (
-                claim_sql._TAKE_AND_START,
-                {"b_ids": json_param({"id": i} for i in picked), "b_id_list": picked, "b_worker": "w"},
-            ),
+            (queue._WITH_ATTEMPTS["completed"], {**queue._V.bind(group), **queue._VA.bind(group)}),
+            (claim_sql._TAKE_AND_START, {**claim_sql._PICKED.bind(picked), "b_worker": "w"}),
         ]
         with store.engine.connect() as conn:
             for stmt, params in statements:
