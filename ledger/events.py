@@ -54,6 +54,12 @@ def configure_logging(level: str = "INFO", stream: Any = None) -> None:
     root.propagate = False
 
 
+def wanted(level: int = logging.INFO) -> bool:
+    """Whether events at `level` are written: callers that announce one event per request
+    ask once per group, not build each event's fields to have it dropped."""
+    return EVENTS.isEnabledFor(level)
+
+
 def _emit(level: int, fields: dict[str, Any], ts: float | None = None) -> None:
     if EVENTS.isEnabledFor(level):
         fields["ts"] = round(ts if ts is not None else time.time(), 6)
@@ -102,6 +108,8 @@ def released(request_id: int, agent: str, dimension: str, active_slots: int, ts:
 
 def slots_released(slots: ReleasedRows) -> None:
     """One `released` per request whose slot one transaction gave up, stamped before its commit."""
+    if not wanted(logging.INFO):
+        return
     for r in slots.requests:
         released(r.id, r.agent, r.dimension, slots.active_slots, ts=slots.ts_before_commit)
 

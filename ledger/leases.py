@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection
 
 import anyio
 from sqlalchemy.exc import DBAPIError
@@ -79,18 +78,17 @@ class LeaseKeeper:
             self._cut([key], logging.WARNING, "lease not known good when its call was due: call not made")
         return False
 
-    @contextmanager
-    def working_on(self, key: Held) -> Iterator[None]:
-        """The executor of a held lease: cancelled if the lease is about to lapse; let go at the end."""
-        try:
-            with anyio.CancelScope() as scope:
-                self._calls[key] = scope
-                if key not in self._held:  # cut off before its executor even started
-                    scope.cancel()
-                yield
-        finally:
-            self._calls.pop(key, None)
-            self._held.pop(key, None)
+    def working_on(self, key: Held) -> anyio.CancelScope:
+        """The executor of a held lease, in this scope: cancelled if the lease is about to lapse.
+        The executor lets go of the lease when it leaves the scope (`let_go`)."""
+        scope = self._calls[key] = anyio.CancelScope()
+        if key not in self._held:  # cut off before its executor even started
+            scope.cancel()
+        return scope
+
+    def let_go(self, key: Held) -> None:
+        self._calls.pop(key, None)
+        self._held.pop(key, None)
 
     async def run(self) -> None:
         """Heartbeat and renew until cancelled (a dead process simply stops renewing)."""

@@ -8,8 +8,6 @@ bare `gpt-4o` becomes `id:gpt-4o`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 
@@ -52,13 +50,9 @@ class CallsOut:
     def __init__(self) -> None:
         self._out: Counter[str] = Counter()
 
-    @contextmanager
-    def out(self, pool: str) -> Iterator[None]:
-        self._out[pool] += 1
-        try:
-            yield
-        finally:
-            self._out[pool] -= 1
+    def add(self, pool: str, calls: int) -> None:
+        """`calls` more out (a call sent), or fewer (negative: answered, failed or cut off)."""
+        self._out[pool] += calls
 
     def now(self, pool: str) -> int:
         return self._out[pool]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from ledger.record import RecorderStopped
 from ledger.settings import Settings
 from ledger.store.pools import RAMP_PACE_S
 from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Failed, ReleasedRows, Written
-from ledger.waits import first_done
+from ledger.waits import IdleTakers, first_done
 
 LOG = logging.getLogger("ledger.scheduler")
 
@@ -59,8 +58,7 @@ class Scheduler:
         self._all_done.set()
         self._tg: TaskGroup | None = None
         # Executors that finished a request wait here for the next one (see `_start`).
-        self._next_send, self._next = anyio.create_memory_object_stream[ClaimedRequest](math.inf)
-        self._waiting_executors = 0
+        self._idle_executors = IdleTakers[ClaimedRequest]()
         self.leases = LeaseKeeper(ctx.store, settings, worker_id, ctx.recorder.in_hand)
         self._stopping = False
         self._stop = anyio.Event()
@@ -128,7 +126,7 @@ class Scheduler:
 
     async def close(self) -> None:
         """At the daemon's end, once every executor has ended: the adapters and the hand-over stream."""
-        self._next.close()
+        self._idle_executors.release()
         for adapter in self._adapters.values():
             await adapter.aclose()
 
@@ -151,8 +149,10 @@ class Scheduler:
             self.state.reclaimed_total += len(claim.reclaimed.requests)
             self.announce_released(claim.reclaimed, "reclaimed expired leases")
         first = claim.active_slots - len(claim.requests)
+        announce = events.wanted(logging.INFO)
         for i, request in enumerate(claim.requests, start=1):
-            events.acquired(request.id, request.agent, request.dimension, first + i)
+            if announce:
+                events.acquired(request.id, request.agent, request.dimension, first + i)
             self._start(tg, request, claim.leased_at)
         return len(claim.requests)
 
@@ -182,7 +182,7 @@ class Scheduler:
             await self._claim_loop(tg, until_idle=until_idle, stop=stop)
         finally:
             self._stopping = True
-            self._next_send.close()  # executors waiting for a next request end; running ones finish theirs
+            self._idle_executors.release()  # executors waiting for a next request end; running ones finish theirs
 
     async def _claim_loop(self, tg: TaskGroup, *, until_idle: bool, stop: anyio.Event) -> None:
         while not stop.is_set():
@@ -208,29 +208,27 @@ class Scheduler:
             self._all_done = anyio.Event()
         self.state.in_flight += 1
         self.state.claimed_total += 1
-        if self._waiting_executors and not self._stopping:
-            self._waiting_executors -= 1
-            self._next_send.send_nowait(request)
-        else:
+        if self._stopping or not self._idle_executors.give(request):
             tg.start_soon(self._executor, request, name="executor")
 
     async def _executor(self, request: ClaimedRequest) -> None:
         """Run `request`, then each one handed over next, until the claim loop has ended."""
-        while True:
-            await self._execute(request)
-            self._waiting_executors += 1
-            try:
-                request = await self._next.receive()
-            except anyio.EndOfStream:
+        next_request: ClaimedRequest | None = request
+        while next_request is not None:
+            await self._execute(next_request)
+            if self._stopping:
                 return
+            next_request = await self._idle_executors.wait()
 
     async def _execute(self, request: ClaimedRequest) -> None:
+        key = (request.id, request.token)
         try:
-            with self.leases.working_on((request.id, request.token)):  # cut off if its lease is lapsing
+            with self.leases.working_on(key):  # cut off if its lease is lapsing
                 await self._call(request)
         except RecorderStopped:
             return  # the recorder's own failure stops the daemon; this request's lease will expire
         finally:
+            self.leases.let_go(key)
             self.state.in_flight -= 1
             # The slot this request freed was refilled by the recorder's claim (or, when freed
             # outside an outcome, `slot_freed` woke the loop): only "all done" is news here.

@@ -7,10 +7,14 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 
 from ledger.enqueue import build_spec, to_row
 from ledger.store import Store, queue
 from ledger.store import claim as claim_sql
+from ledger.store.commit import transaction
+from ledger.store.dialect import is_transient
 from ledger.store.queue import CancelResult
 from ledger.store.rows import AttemptFailure, Claim, Completed, PoolWindow, RetryLater, Written
 from tests.integration.store_helpers import add_requests
@@ -296,3 +300,17 @@ def test_postgresql_reaches_a_group_and_a_claim_by_key_not_by_scanning_the_ledge
                 assert "Seq Scan on llm_requests" not in plan, plan
     finally:
         store.close()
+
+
+def test_a_hot_statement_that_fails_raises_the_error_sqlalchemy_would_and_is_not_retried(store: Store) -> None:
+    """The claim's and the group commit's statements bypass SQLAlchemy's execute (one query on
+    PostgreSQL, the driver's cursor on SQLite): their errors must still reach the lane's retry
+    rules and the callers' `except` clauses as SQLAlchemy's."""
+    add_requests(store, 1)
+    started = claim(store)
+    again = text("INSERT INTO llm_attempts (request_id, attempt, outcome) VALUES (:id, :attempt, 'running')")
+    with pytest.raises(IntegrityError) as caught, transaction(store.engine, store.dialect) as conn:
+        store.dialect.run_all(conn, [(again, {"id": started[0], "attempt": 1})])  # the attempt row exists
+    assert not is_transient(caught.value)
+    with store.engine.connect() as conn:  # the failed transaction wrote nothing
+        assert conn.execute(text("SELECT COUNT(*) FROM llm_attempts")).scalar_one() == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from ledger.waits import Handoff, as_raised
+from ledger.waits import Handoff, IdleTakers, as_raised
 
 
 class LeaseLost(Exception):
@@ -114,3 +114,58 @@ def test_a_handoff_refuses_what_would_lose_items_silently() -> None:
     anyio.run(main)
     with pytest.raises(ValueError, match="at least one"):
         Handoff[int](capacity=0)
+
+
+# -- IdleTakers: the scheduler's idle executors, each handed the next claimed request ---------
+
+
+def test_each_item_goes_to_one_idle_taker_longest_waiting_first() -> None:
+    async def main() -> None:
+        takers = IdleTakers[str]()
+        got: list[tuple[int, str | None]] = []
+
+        async def take(n: int) -> None:
+            got.append((n, await takers.wait()))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(3):
+                tg.start_soon(take, n)
+                await wait_idle(takers, n + 1)
+            assert takers.give("a") and takers.give("b")
+            takers.release()
+        assert sorted(got) == [(0, "a"), (1, "b"), (2, None)]
+        assert not takers.give("c")  # nobody waits any more: the caller starts a task instead
+
+    anyio.run(main)
+
+
+def test_an_item_is_never_given_to_a_taker_that_was_cancelled_while_it_waited() -> None:
+    async def main() -> None:
+        takers = IdleTakers[str]()
+        got: list[str | None] = []
+
+        async def take(scope: anyio.CancelScope) -> None:
+            with scope:
+                got.append(await takers.wait())
+
+        async with anyio.create_task_group() as tg:
+            first = anyio.CancelScope()
+            tg.start_soon(take, first)
+            await wait_idle(takers, 1)
+            first.cancel()  # e.g. the daemon's stop cancelling an idle executor
+            with anyio.fail_after(5):
+                while not takers._idle[0].done():
+                    await anyio.sleep(0)
+            tg.start_soon(take, anyio.CancelScope())
+            await wait_idle(takers, 1, live_only=True)
+            assert takers.give("x")
+        assert got == ["x"]
+
+    anyio.run(main)
+
+
+async def wait_idle(takers: IdleTakers[str], n: int, *, live_only: bool = False) -> None:
+    """Until `n` takers wait (polled with a deadline: `wait` has no event to await)."""
+    with anyio.fail_after(5):
+        while sum(1 for f in takers._idle if not (live_only and f.done())) < n:
+            await anyio.sleep(0)
