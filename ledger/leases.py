@@ -80,13 +80,15 @@ class LeaseKeeper:
 
     def working_on(self, key: Held) -> anyio.CancelScope:
         """The executor of a held lease, in this scope: cancelled if the lease is about to lapse.
-        The executor lets go of the lease when it leaves the scope (`let_go`)."""
+        The executor must call `finished` when it leaves the scope, however it leaves it: until
+        then the lease is renewed."""
         scope = self._calls[key] = anyio.CancelScope()
         if key not in self._held:  # cut off before its executor even started
             scope.cancel()
         return scope
 
-    def let_go(self, key: Held) -> None:
+    def finished(self, key: Held) -> None:
+        """The executor of `key` has ended: its lease is no longer renewed here."""
         self._calls.pop(key, None)
         self._held.pop(key, None)
 

@@ -228,7 +228,7 @@ class Scheduler:
         except RecorderStopped:
             return  # the recorder's own failure stops the daemon; this request's lease will expire
         finally:
-            self.leases.let_go(key)
+            self.leases.finished(key)
             self.state.in_flight -= 1
             # The slot this request freed was refilled by the recorder's claim (or, when freed
             # outside an outcome, `slot_freed` woke the loop): only "all done" is news here.

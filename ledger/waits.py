@@ -98,6 +98,7 @@ class IdleTakers(Generic[T]):
 
     def __init__(self) -> None:
         self._idle: deque[asyncio.Future[T | None]] = deque()
+        self._released = False
 
     def give(self, item: T) -> bool:
         """Hand `item` to the task that has waited longest; False when none waits."""
@@ -109,13 +110,16 @@ class IdleTakers(Generic[T]):
         return False
 
     async def wait(self) -> T | None:
-        """The next item handed over; None once `release` was called."""
+        """The next item handed over; None once `release` was called (at once, if it was)."""
+        if self._released:
+            return None
         waiting: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
         self._idle.append(waiting)
         return await waiting
 
     def release(self) -> None:
-        """Nothing more will be given: every waiting task gets None."""
+        """Nothing more will be given: every waiting task gets None, and so does every later `wait`."""
+        self._released = True
         while self._idle:
             waiting = self._idle.popleft()
             if not waiting.done():

@@ -77,8 +77,9 @@ LIMITS = {"lease_seconds": 30.0, "max_attempts": 3}
 @pytest.mark.parametrize("sweep", [False, True], ids=["reads sent with the group", "after a lease sweep"])
 def test_a_group_commit_refills_past_a_full_pool_whose_rows_come_first(store: Store, sweep: bool) -> None:
     """The slot a group frees goes to the first due row that fits, even when the rows ahead of
-    it all belong to a pool that is full: the claim reads past them."""
-    add_requests(store, 10, model="slow", prefix="s")
+    it all belong to a pool that is full: the claim reads past them (more of them than a
+    group commit reads ahead: its claim must read again)."""
+    add_requests(store, 14, model="slow", prefix="s")
     add_requests(store, 4, model="fast", prefix="f")
     pools = {"mock:slow": 2, "mock:fast": 5}
     limits = {**LIMITS, "global_limit": 4, "pool_limit": lambda ep: pools[ep], "max_claims": 4}
@@ -109,13 +110,15 @@ def test_a_group_commit_opens_nothing_in_a_pool_cooling_down_or_held(store: Stor
 
 @pytest.mark.parametrize("sweep", [False, True], ids=["reads sent with the group", "after a lease sweep"])
 def test_a_group_commit_fills_every_free_slot_not_only_those_it_freed(store: Store, sweep: bool) -> None:
-    add_requests(store, 20)
-    limits = {**LIMITS, "global_limit": 8, "pool_limit": lambda _: 8, "max_claims": 8}
+    """Slots free before the group (more than a group commit reads ahead for the one it frees)
+    are filled by its claim too."""
+    add_requests(store, 40)
+    limits = {**LIMITS, "global_limit": 20, "pool_limit": lambda _: 20, "max_claims": 20}
     (only,) = store.claim("w", **{**limits, "max_claims": 1}).requests
     recorded = store.record([Completed(only, only.attempt, "ok", 1)], claim_for="w", reclaim=sweep, **limits)
-    assert recorded.claim is not None and len(recorded.claim.requests) == 8
+    assert recorded.claim is not None and len(recorded.claim.requests) == 20
     counts = store.status_counts()
-    assert (counts["completed"], counts["running"], counts["queued"]) == (1, 8, 11)
+    assert (counts["completed"], counts["running"], counts["queued"]) == (1, 20, 19)
 
 
 def test_a_small_job_is_not_starved_by_a_huge_one(store: Store) -> None:

@@ -135,6 +135,8 @@ def test_each_item_goes_to_one_idle_taker_longest_waiting_first() -> None:
             takers.release()
         assert sorted(got) == [(0, "a"), (1, "b"), (2, None)]
         assert not takers.give("c")  # nobody waits any more: the caller starts a task instead
+        with anyio.fail_after(5):
+            assert await takers.wait() is None  # a taker that comes after the release never hangs
 
     anyio.run(main)
 
