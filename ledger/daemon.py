@@ -169,7 +169,7 @@ async def run_daemon(
                 released = await lane.run(store.release_worker, worker, settings.retry_max_attempts)
                 await lane.run(store.retire_worker, worker)
                 scheduler.announce_released(released, "gave back slots of calls cut off at stop")
-                await scheduler.close()
+                await scheduler.close_adapters()
             stop.set()
             services.cancel_scope.cancel()
     except BaseExceptionGroup as group:

@@ -124,9 +124,7 @@ class Scheduler:
             with contextlib.suppress(ValueError):  # misconfigured: its requests fail with the reason when claimed
                 await self.adapter_for(provider)
 
-    async def close(self) -> None:
-        """At the daemon's end, once every executor has ended: the adapters and the hand-over stream."""
-        self._idle_executors.release()
+    async def close_adapters(self) -> None:
         for adapter in self._adapters.values():
             await adapter.aclose()
 
@@ -208,16 +206,15 @@ class Scheduler:
             self._all_done = anyio.Event()
         self.state.in_flight += 1
         self.state.claimed_total += 1
-        if self._stopping or not self._idle_executors.give(request):
+        if not self._idle_executors.give(request):  # none waits (or the claim loop has ended)
             tg.start_soon(self._executor, request, name="executor")
 
     async def _executor(self, request: ClaimedRequest) -> None:
-        """Run `request`, then each one handed over next, until the claim loop has ended."""
+        """Run `request`, then each one handed over next, until the claim loop has ended
+        (`IdleTakers.release`: a waiting executor, and any that comes to wait later, gets None)."""
         next_request: ClaimedRequest | None = request
         while next_request is not None:
             await self._execute(next_request)
-            if self._stopping:
-                return
             next_request = await self._idle_executors.wait()
 
     async def _execute(self, request: ClaimedRequest) -> None:

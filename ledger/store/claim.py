@@ -84,8 +84,9 @@ CLAIMED_COLUMNS = (
 
 def _json_value(value: Any) -> Any:
     """A JSON column's value as read: parsed already (SQLAlchemy's result processing, psycopg's
-    JSONB), or its text (SQLite through `Dialect.execute`, which skips result processing). These
-    columns always hold an object or null, never a bare JSON string, so text is always to parse."""
+    JSONB), or its text (SQLite's hot statements run on the driver's cursor, with no result
+    processing: `Dialect.run_all`). These columns always hold an object or null, never a bare
+    JSON string, so text is always to parse."""
     return json.loads(value) if isinstance(value, str) else value
 
 

@@ -284,7 +284,7 @@ class Dialect:
         each result read whole. PostgreSQL gets them all in one round trip (`_in_one_query`),
         unless their parameters are large (long outputs): bound on the client, those would be
         copied into the query text and parsed there, which costs more than the round trips
-        saved. SQLite runs them one after the other."""
+        saved. SQLite runs them one after the other on the driver's cursor (`_one_by_one`)."""
         driver_args = [self._driver_args(conn, stmt, params) for stmt, params in statements]
         if self.name != "postgresql":
             return _one_by_one(conn, driver_args)
