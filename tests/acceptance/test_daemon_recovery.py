@@ -5,14 +5,18 @@ Real processes, real SDKs, the mock provider over HTTP, as in test_daemon.py.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from sqlalchemy import text
 
+from adapters.mock_provider.answers import prompt_key
 from ledger.store import Store
 from ledger.store.dialect import CLAIM_LOCK
 from tests.acceptance.procs import (
@@ -155,7 +159,7 @@ def test_a_daemon_frozen_past_its_lease_writes_nothing_over_the_one_that_took_ov
         # sockets) within the grace period, and their outcomes are written, or refused, before it exits.
         frozen.send_signal(signal.SIGTERM)
         assert frozen.wait(timeout=60) == 0, frozen_log.read_text()[-2000:]
-        calls_per_prompt = sorted(mock.stats()["per_prompt"].values(), reverse=True)
+        calls_per_prompt = mock.stats()["per_prompt"]
     counts = store.status_counts()
     with store.engine.connect() as conn:
         attempts = conn.execute(
@@ -164,11 +168,36 @@ def test_a_daemon_frozen_past_its_lease_writes_nothing_over_the_one_that_took_ov
         results = conn.execute(
             text("SELECT COUNT(*) FROM llm_attempts WHERE outcome = 'succeeded' AND worker LIKE 'frozen%'")
         ).scalar_one()
+    prompt_of = {row["id"]: prompt_key(row["input"].get("system"), row["input"]["messages"]) for row in _inputs(store)}
     store.close()
     assert counts["completed"] == 24 and counts["running"] == 0
     assert results == 0  # the frozen daemon's late answers were written nowhere
     assert all(outcome != "succeeded" for _, worker, outcome in attempts if worker and worker.startswith("frozen"))
-    assert sum(1 for n in calls_per_prompt if n > 1) <= in_flight_at_freeze and max(calls_per_prompt) <= 2
+    # Beyond the frozen daemon's calls, a prompt is called again only when the taker itself cut a
+    # call whose lease it could not renew in time (a machine loaded past the 2 s lease): such a
+    # cut is logged, and counted here, not taken for a call the takeover made twice.
+    cut = Counter(prompt_of[rid] for rid in _cut_for_lapsing_leases(taker_log))
+    logs = f"taker: {taker_log.read_text()[-3000:]}\nfrozen: {frozen_log.read_text()[-3000:]}"
+    assert sum(1 for n in calls_per_prompt.values() if n > 1) <= in_flight_at_freeze + sum(cut.values()), logs
+    assert all(n <= 2 + cut[key] for key, n in calls_per_prompt.items()), logs
+
+
+def _inputs(store: Store) -> list[dict[str, Any]]:
+    with store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, input FROM llm_requests")).mappings().all()
+    return [
+        {"id": r["id"], "input": r["input"] if isinstance(r["input"], dict) else json.loads(r["input"])} for r in rows
+    ]
+
+
+def _cut_for_lapsing_leases(log: Path) -> list[int]:
+    """Request ids whose calls the daemon cut off because it could not renew their leases in time."""
+    return [
+        request_id
+        for record in events(log)
+        if record.get("message", "").startswith("leases not renewed in time")
+        for request_id in record["request_ids"]
+    ]
 
 
 def test_a_database_that_fails_for_good_stops_the_daemon_with_one_line(pg_url: str, tmp_path: Path) -> None:
