@@ -21,11 +21,13 @@ about an endpoint holds back all of them:
   one, until it reaches the configured limit and is dropped. Rare on purpose: a probe
   that finds the ceiling costs a 429.
 - **Slow start.** With `PoolRules.slow_start` (the daemon's default), a claim refills a
-  pool up to the most it has had in flight (`peak`, durable) and opens one slot more
-  only when all of those are busy; the claimer then waits `RAMP_PACE_S` before its next
-  claim. A 429 comes back within milliseconds while an accepted call takes its whole
-  latency, so the first 429 stops the ramp after an overshoot of one or two instead of
-  a whole burst. Once the peak reaches the pool's limit this costs nothing.
+  pool up to the most it has had in flight (`peak`, durable) and opens more only when
+  all of those are busy: one slot more, or, at a group commit, one more per answer it
+  records (TCP's slow start: the peak doubles per round of answers). The claim loop then
+  waits `RAMP_PACE_S` before its next claim. A 429 comes back within milliseconds while
+  an accepted call takes its whole latency, so the first 429 stops the ramp after an
+  overshoot of one or two instead of a whole burst. Once the peak reaches the pool's
+  limit this costs nothing.
 - **RPM / TPM caps** (`PoolRules`): calls started in a capped pool are logged in
   `llm_pool_calls` with their token estimate (settled with the reported usage), and a
   claim admits no more than the caps allow over the last `window_s` seconds, across
@@ -163,10 +165,12 @@ class PoolRoom:
         limit = min(self.pool_limit(endpoint), self.learned.get(endpoint, self.global_limit))
         peak = self.peaks.get(endpoint, 0)
         if self.rules.slow_start and peak < limit:
-            # Refill up to the peak; one more only when every slot up to it is busy (then it is proven):
-            # in flight now, or until this group's answers freed them.
-            busy = self.in_flight.get(endpoint, 0) + self.proven.get(endpoint, 0)
-            return min(limit, peak + 1 if busy >= peak else peak)
+            # Refill up to the peak; more only when every slot up to it is busy (then it is proven):
+            # in flight now, or until this group's answers freed them. One more per answer (at
+            # least one): answers come back a call's latency apart, a refusal within milliseconds.
+            answered = self.proven.get(endpoint, 0)
+            busy = self.in_flight.get(endpoint, 0) + answered
+            return min(limit, peak + max(1, answered) if busy >= peak else peak)
         return limit
 
     @property

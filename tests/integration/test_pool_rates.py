@@ -134,6 +134,39 @@ def test_a_group_commit_whose_answers_prove_the_peak_opens_one_more_at_once(stor
         assert conn.execute(text("SELECT peak FROM llm_pools")).scalar_one() == 2
 
 
+def test_each_answer_at_a_full_peak_opens_one_slot_more_so_the_peak_doubles_per_round(store: Store) -> None:
+    """TCP's slow start: a group commit whose answers freed every slot of the peak opens as many
+    more as it had answers, so a pool at zero latency reaches 16 in a few group commits, not 16."""
+    store.pool_rules = PoolRules(slow_start=True)
+    add_requests(store, 40)
+    limits = {"lease_seconds": 30, "global_limit": 16, "pool_limit": lambda _: 16, "max_attempts": 5, "max_claims": 16}
+    in_flight = store.claim("w", **limits).requests
+    sizes = []
+    for _ in range(4):
+        recorded = store.record([Completed(r, 1, "ok", 5) for r in in_flight], claim_for="w", **limits)
+        assert recorded.claim is not None
+        in_flight = recorded.claim.requests
+        sizes.append(len(in_flight))
+    assert sizes == [2, 4, 8, 16]
+    half = in_flight[:8]  # half of the 16 answered, half still out: the peak is the limit already
+    recorded = store.record([Completed(r, 1, "ok", 5) for r in half], claim_for="w", **limits)
+    assert recorded.claim is not None and len(recorded.claim.requests) == 8
+
+
+def test_answers_while_part_of_the_peak_is_idle_only_refill(store: Store) -> None:
+    """Growth needs the whole peak busy: an answer from a pool that had an idle slot proves nothing."""
+    store.pool_rules = PoolRules(slow_start=True)
+    add_requests(store, 2)
+    limits = {"lease_seconds": 30, "global_limit": 16, "pool_limit": lambda _: 16, "max_attempts": 5, "max_claims": 16}
+    (a,) = store.claim("w", **limits).requests
+    (b,) = store.claim("w", **limits).requests  # one busy = the peak: one more, the peak is 2
+    drained = store.record([Completed(a, 1, "ok", 5)], claim_for="w", **limits)
+    assert drained.claim is not None and drained.claim.requests == []  # nothing queued: a slot stays idle
+    add_requests(store, 10, prefix="more")
+    recorded = store.record([Completed(b, 1, "ok", 5)], claim_for="w", **limits)
+    assert recorded.claim is not None and len(recorded.claim.requests) == 2  # refilled to the peak only
+
+
 # -- the providers' rate-limit headers -------------------------------------------------------------
 
 
