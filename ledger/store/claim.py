@@ -87,7 +87,7 @@ def _json_value(value: Any) -> Any:
     JSONB), or its text (SQLite's hot statements run on the driver's cursor, with no result
     processing: `Dialect.run_all`). These columns always hold an object or null, never a bare
     JSON string, so text is always to parse. A JSON null (params and response format left
-    unset) is the usual text, taken as it is: parsing it was a tenth of `to_claimed`."""
+    unset) is the usual text, taken as it is: parsing it was a quarter of `to_claimed`."""
     if value == "null":
         return None
     return json.loads(value) if isinstance(value, str) else value

@@ -284,7 +284,8 @@ class Dialect:
         each result read whole. PostgreSQL gets them all in one round trip (`_in_one_query`),
         unless their parameters are large (long outputs): bound on the client, those would be
         copied into the query text and parsed there, which costs more than the round trips
-        saved. SQLite runs them one after the other on the driver's cursor (`_one_by_one`)."""
+        saved. Either way PostgreSQL plans them with `_PLANS_BY_KEY`, set back after them.
+        SQLite runs them one after the other on the driver's cursor (`_one_by_one`)."""
         driver_args = [self._driver_args(conn, stmt, params) for stmt, params in statements]
         if self.name != "postgresql":
             return _one_by_one(conn, driver_args)
@@ -306,8 +307,9 @@ class Dialect:
 
         PostgreSQL runs `together` (the two as one statement, a data-modifying CTE): a round
         trip fewer on the claim's path. SQLite has no writes in CTEs, and no round trips to
-        save: it runs the update, then `insert_for(rows)`'s statement with its parameters. Both are
-        hot statements (`execute`): what they return is not type-processed.
+        save: it runs the update, then `insert_for(rows)`'s statement with its parameters. All
+        go through `run_all` (on PostgreSQL, its plans by key): what they return is not
+        type-processed.
         """
         if self.name == "postgresql":
             (took,) = self.run_all(conn, [(together, update[1])])
@@ -478,7 +480,8 @@ INLINE_AT_MOST = 64 * 1024
 # rows no longer running dead: a bitmap scan never does, so until a vacuum every count of
 # the running rows visited every request run since, 2.5 ms a group commit at 20,000).
 # Transaction-local, and set back right after those statements: the transaction's others
-# (a budget's OR of two indexes, say) keep their usual plans.
+# (a budget's OR of two indexes, say) keep their usual plans. "Back" is the server's and the
+# connection's setting (`TO DEFAULT`); the store sets neither at session level.
 _PLANS_BY_KEY = "SET LOCAL enable_nestloop = off;\nSET LOCAL enable_bitmapscan = off"
 _PLANS_AS_USUAL = "SET LOCAL enable_nestloop TO DEFAULT;\nSET LOCAL enable_bitmapscan TO DEFAULT"
 _PLAN_SETTINGS = 2  # statements in each of the two above

@@ -23,11 +23,10 @@ about an endpoint holds back all of them:
 - **Slow start.** With `PoolRules.slow_start` (the daemon's default), a claim refills a
   pool up to the most it has had in flight (`peak`, durable) and opens more only when
   all of those are busy: one slot more, or, at a group commit, one more per answer it
-  records (TCP's slow start: the peak doubles per round of answers). The claim loop then
-  waits `RAMP_PACE_S` before its next claim. A 429 comes back within milliseconds while
-  an accepted call takes its whole latency, so the first 429 stops the ramp after an
-  overshoot of one or two instead of a whole burst. Once the peak reaches the pool's
-  limit this costs nothing.
+  records, at most `RAMP_STEP`. The claim loop then waits `RAMP_PACE_S` before its next
+  claim. A 429 comes back within milliseconds while an accepted call takes its whole
+  latency, so the first 429 stops the ramp after an overshoot of a step or two instead
+  of a whole burst. Once the peak reaches the pool's limit this costs nothing.
 - **RPM / TPM caps** (`PoolRules`): calls started in a capped pool are logged in
   `llm_pool_calls` with their token estimate (settled with the reported usage), and a
   claim admits no more than the caps allow over the last `window_s` seconds, across
@@ -57,6 +56,10 @@ PROBE_ROUNDS = 10
 # claiming again, so that a refusal of that call (back within milliseconds from a nearby
 # provider) is recorded before the next slot opens. 16 slots ramp in a quarter second, once.
 RAMP_PACE_S = 0.015
+# Slow start: the most slots one claim opens beyond the peak (one per answer that proved it).
+# A pool whose peak sits at the provider's ceiling sees at most this many refusals from one
+# step; the ramp still takes a few claims, not one per slot (decision 68).
+RAMP_STEP = 2
 
 pools = LlmPool.__table__  # type: ignore[attr-defined]
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -161,16 +164,17 @@ class PoolRoom:
         return replace(self, taken={}, taken_tokens={}, estimates={})
 
     def limit(self, endpoint: str) -> int:
-        """The pool's slots: configured, lowered by what it learned, opened one at a time in slow start."""
+        """The pool's slots: configured, lowered by what it learned, opened a few at a time in slow start."""
         limit = min(self.pool_limit(endpoint), self.learned.get(endpoint, self.global_limit))
         peak = self.peaks.get(endpoint, 0)
         if self.rules.slow_start and peak < limit:
             # Refill up to the peak; more only when every slot up to it is busy (then it is proven):
-            # in flight now, or until this group's answers freed them. One more per answer (at
-            # least one): answers come back a call's latency apart, a refusal within milliseconds.
+            # in flight now, or until this group's answers freed them. One more per answer, at
+            # least one and at most RAMP_STEP: answers come back a call's latency apart, a
+            # refusal within milliseconds, so a step past the provider's ceiling costs that many.
             answered = self.proven.get(endpoint, 0)
             busy = self.in_flight.get(endpoint, 0) + answered
-            return min(limit, peak + max(1, answered) if busy >= peak else peak)
+            return min(limit, peak + min(max(1, answered), RAMP_STEP) if busy >= peak else peak)
         return limit
 
     @property

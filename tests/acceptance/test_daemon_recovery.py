@@ -177,9 +177,10 @@ def test_a_daemon_frozen_past_its_lease_writes_nothing_over_the_one_that_took_ov
     # call whose lease it could not renew in time (a machine loaded past the 2 s lease): such a
     # cut is logged, and counted here, not taken for a call the takeover made twice.
     cut = Counter(prompt_of[rid] for rid in _cut_for_lapsing_leases(taker_log))
+    frozen_claimed = {prompt_of[rid] for rid, worker, _ in attempts if worker and worker.startswith("frozen")}
     logs = f"taker: {taker_log.read_text()[-3000:]}\nfrozen: {frozen_log.read_text()[-3000:]}"
     assert sum(1 for n in calls_per_prompt.values() if n > 1) <= in_flight_at_freeze + sum(cut.values()), logs
-    assert all(n <= 2 + cut[key] for key, n in calls_per_prompt.items()), logs
+    assert all(n <= 1 + (key in frozen_claimed) + cut[key] for key, n in calls_per_prompt.items()), logs
 
 
 def _inputs(store: Store) -> list[dict[str, Any]]:

@@ -337,6 +337,23 @@ def test_postgresql_counts_running_requests_without_revisiting_those_finished_si
         store.close()
 
 
+def test_postgresql_plans_by_key_the_hot_statements_and_not_the_rest_of_their_transaction(pg_url: str) -> None:
+    """The planner settings of the hot statements (`run_all`) hold for them alone, sent as one
+    query or, with long outputs, one by one: a budget's OR of two indexes later in the same
+    transaction still gets its bitmap scans."""
+    store = Store(pg_url)
+    settings = "SELECT current_setting('enable_nestloop'), current_setting('enable_bitmapscan')"
+    probe = text("SELECT current_setting('enable_nestloop') AS nl, current_setting('enable_bitmapscan') AS bm, :p AS p")
+    try:
+        with transaction(store.engine, store.dialect) as conn:
+            for value in ("short", "x" * (dialect_module.INLINE_AT_MOST + 1)):
+                (inside,) = store.dialect.run_all(conn, [(probe, {"p": value})])
+                assert (inside.rows[0].nl, inside.rows[0].bm) == ("off", "off")
+                assert tuple(conn.exec_driver_sql(settings).one()) == ("on", "on")
+    finally:
+        store.close()
+
+
 def test_a_hot_statement_that_fails_raises_the_error_sqlalchemy_would_and_is_not_retried(store: Store) -> None:
     """The claim's and the group commit's statements bypass SQLAlchemy's execute (one query on
     PostgreSQL, the driver's cursor on SQLite): their errors must still reach the lane's retry

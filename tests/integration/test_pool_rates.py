@@ -22,7 +22,7 @@ from ledger.daemon import run_daemon
 from ledger.enqueue import build_spec, to_row
 from ledger.settings import SettingsError, load_settings, parse_pool_limits
 from ledger.store import Store
-from ledger.store.pools import PoolRules
+from ledger.store.pools import RAMP_STEP, PoolRules
 from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, RetryLater
 from tests.integration.store_helpers import add_requests
 
@@ -134,23 +134,21 @@ def test_a_group_commit_whose_answers_prove_the_peak_opens_one_more_at_once(stor
         assert conn.execute(text("SELECT peak FROM llm_pools")).scalar_one() == 2
 
 
-def test_each_answer_at_a_full_peak_opens_one_slot_more_so_the_peak_doubles_per_round(store: Store) -> None:
-    """TCP's slow start: a group commit whose answers freed every slot of the peak opens as many
-    more as it had answers, so a pool at zero latency reaches 16 in a few group commits, not 16."""
+def test_answers_at_a_full_peak_open_a_slot_more_each_a_step_at_a_time(store: Store) -> None:
+    """A group commit whose answers freed every slot of the peak opens one more per answer, at
+    most RAMP_STEP: a fresh pool at zero latency ramps in a few group commits, not one per slot,
+    and a peak already at the provider's ceiling oversteps it by at most the step."""
     store.pool_rules = PoolRules(slow_start=True)
-    add_requests(store, 40)
+    add_requests(store, 60)
     limits = {"lease_seconds": 30, "global_limit": 16, "pool_limit": lambda _: 16, "max_attempts": 5, "max_claims": 16}
     in_flight = store.claim("w", **limits).requests
     sizes = []
-    for _ in range(4):
+    for _ in range(6):
         recorded = store.record([Completed(r, 1, "ok", 5) for r in in_flight], claim_for="w", **limits)
         assert recorded.claim is not None
         in_flight = recorded.claim.requests
         sizes.append(len(in_flight))
-    assert sizes == [2, 4, 8, 16]
-    half = in_flight[:8]  # half of the 16 answered, half still out: the peak is the limit already
-    recorded = store.record([Completed(r, 1, "ok", 5) for r in half], claim_for="w", **limits)
-    assert recorded.claim is not None and len(recorded.claim.requests) == 8
+    assert RAMP_STEP == 2 and sizes == [2, 4, 6, 8, 10, 12]  # one more per answer, at most two a step
 
 
 def test_answers_while_part_of_the_peak_is_idle_only_refill(store: Store) -> None:
