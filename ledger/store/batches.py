@@ -126,7 +126,7 @@ class BatchQueries:
 
     def move_to_online(self, batch_providers: Iterable[str]) -> dict[str, int]:
         """Queued batch requests of providers without a batch API go through the online path."""
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             rows = conn.execute(
                 update(requests)
                 .where(_r.status == QUEUED, _r.delivery == BATCH, _r.provider.not_in(list(batch_providers)))
@@ -152,7 +152,7 @@ class BatchQueries:
 
     def open_batch(self, group: BatchGroup, worker: str, lease_seconds: float, submit_key: str) -> BatchLease:
         """The batch row, leased to `worker`, before any request is attached (status `queued`)."""
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             row = conn.execute(
                 insert(batches)
                 .values(
@@ -239,7 +239,8 @@ class BatchQueries:
                     updated_at=db_now(),
                 )
             )
-        with transaction(self.engine, self.dialect) as conn:  # the mapping's plans need to know these attempts exist
+        # The mapping's plans need to know these attempts exist; statistics gathered twice do no harm.
+        with transaction(self.engine, self.dialect, rerunnable=True) as conn:
             self.dialect.refresh_statistics(conn, attempts)
         return sorted(attached)
 
@@ -288,14 +289,14 @@ class BatchQueries:
             return dict(row._mapping)
 
     def renew_batch(self, lease: BatchLease, lease_seconds: float) -> bool:
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             return bool(
                 conn.execute(_FENCE.values(lease_expires_at=db_now_plus(lease_seconds)), _lease_params(lease)).rowcount
             )
 
     def release_batch(self, lease: BatchLease, poll_in: float | None = None) -> None:
         """End a step: the lease is let go (any daemon may take the next step), next poll set."""
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             _fence(conn, lease, **_released(poll_in))
 
     def release_batch_leases(self, worker: str) -> int:
@@ -314,14 +315,14 @@ class BatchQueries:
 
     def set_input_file(self, lease: BatchLease, file_id: str) -> None:
         """The uploaded input's id, stored before the create call that uses it."""
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             _fence(conn, lease, input_file_id=file_id)
 
     def mark_submitted(
         self, lease: BatchLease, provider_batch_id: str, provider_status: str, poll_in: float, *, adopted: bool = False
     ) -> None:
         """The provider has the batch: recorded, and the step's lease let go until the first poll."""
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             _fence(
                 conn,
                 lease,
@@ -353,7 +354,7 @@ class BatchQueries:
             values |= {"output_file_id": output_file_id, "error_file_id": error_file_id}
         if release_for is not None:
             values |= _released(release_for)
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             _fence(conn, lease, **values)
 
     # -- cancel and audit ------------------------------------------------------
@@ -376,7 +377,7 @@ class BatchQueries:
 
     def note_cancel_sent(self, batch_id: int) -> None:
         """The provider took the cancel (from a poll step or from `ledger cancel --batch`): poll now."""
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             conn.execute(
                 update(batches)
                 .where(_b.id == batch_id, _b.cancel_sent_at.is_(None))

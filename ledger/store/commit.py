@@ -12,8 +12,9 @@ connection, what became of that id (`pg_xact_status`):
 - aborted (or never known to the server): nothing was written; `CommitNotApplied`
   is raised, which the database lane retries like any transient failure.
 
-A transaction without a known id (no claim lock taken, or SQLite, which has no
-connection to lose) keeps the old rule, the error stops the caller, unless it is
+A transaction that takes no claim lock can ask for its id too (`resolvable`, one round
+trip more): the daemon's job and batch steps do. A transaction without a known id (or on
+SQLite, which has no connection to lose) keeps the old rule, the error stops the caller, unless it is
 `rerunnable`: one whose end state is the same however often it runs (a lease let
 go, a worker retired, the batch loop's idle poll) is simply run again. A daemon's
 idle loops commit such transactions every poll interval, and before this a backend
@@ -42,8 +43,13 @@ RESOLVE_WITHIN_S = 60.0
 
 
 @contextmanager
-def transaction(engine: Engine, dialect: Dialect, *, rerunnable: bool = False) -> Iterator[Connection]:
-    """`engine.begin()`, with a lost COMMIT resolved instead of left unknown (`rerunnable`: see above)."""
+def transaction(
+    engine: Engine, dialect: Dialect, *, rerunnable: bool = False, resolvable: bool = False
+) -> Iterator[Connection]:
+    """`engine.begin()`, with a lost COMMIT resolved instead of left unknown (`rerunnable`: see
+    above). `resolvable`: learn the transaction id first (a round trip on PostgreSQL) for a
+    transaction that takes no claim lock and must not run twice: a job's phase, a batch's
+    submission, a fenced step of the batch loop."""
     with engine.connect() as conn:
         # `info` lives as long as the pooled DBAPI connection: an id left by an earlier
         # transaction (rolled back, or run outside this function) must never be asked about.
@@ -51,6 +57,8 @@ def transaction(engine: Engine, dialect: Dialect, *, rerunnable: bool = False) -
         conn.info.pop(XID_KEY, None)
         trans = conn.begin()
         try:
+            if resolvable:
+                dialect.learn_transaction_id(conn)
             yield conn
         except BaseException:
             if trans.is_active:

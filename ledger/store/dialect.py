@@ -324,6 +324,12 @@ class Dialect:
         fewer) and SQLite one after the other (`parts`, in order)."""
         return [combined] if self.name == "postgresql" else list(parts)
 
+    def learn_transaction_id(self, conn: Connection) -> None:
+        """PostgreSQL: keep this transaction's id, as the claim lock's statement does, so that a lost
+        COMMIT can be resolved (`commit.transaction`). SQLite has no connection to lose."""
+        if self.name == "postgresql":
+            conn.info[XID_KEY] = conn.exec_driver_sql("SELECT pg_current_xact_id()::text").scalar_one()
+
     def transaction_status(self, conn: Connection, xid: str) -> str | None:
         """'committed', 'aborted' or 'in progress' (PostgreSQL; asked on a new connection after a
         lost COMMIT); None when the server no longer knows the transaction."""

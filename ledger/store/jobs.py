@@ -209,11 +209,11 @@ class JobQueries:
         if starting:
             where.append(jobs.c.phase == "staged")
             values["started_at"] = db_now()
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             return bool(conn.execute(update(jobs).where(*where).values(**values)).rowcount)
 
     def end_job(self, job_id: str, status: JobStatus, error: str | None = None) -> bool:
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             return self._end_job_in(conn, job_id, status, error)
 
     def _end_job_in(self, conn: Connection, job_id: str, status: JobStatus, error: str | None) -> bool:

@@ -150,6 +150,48 @@ def test_a_lost_commit_of_a_rerunnable_step_is_run_again_not_fatal(
     assert len(cuts) == 1 and len(calls) == 2
 
 
+def _lose_the_commit_answer_once(store: Store, pg_dsn: str) -> list[int]:
+    """The next COMMIT lands, then its backend is terminated before the answer comes back."""
+    cuts: list[int] = []
+    admin = psycopg.connect(pg_dsn, autocommit=True)
+
+    @event.listens_for(store.engine, "commit")
+    def _commit_then_cut(conn: Any) -> None:
+        if not cuts:
+            dbapi_connection = conn.connection.dbapi_connection
+            dbapi_connection.commit()
+            dbapi_connection.execute("SELECT 1")
+            cuts.append(dbapi_connection.info.backend_pid)
+            admin.execute("SELECT pg_terminate_backend(%s)", (cuts[0],))
+            admin.close()
+
+    return cuts
+
+
+@pytest.mark.parametrize("lost", ["before it landed", "its answer"])
+def test_a_lost_commit_of_a_job_step_is_resolved_not_fatal_and_never_run_twice(
+    store: Store, pg_dsn: str, lost: str
+) -> None:
+    """A job's steps take no claim lock, and starting one must not run twice: run again after its
+    COMMIT landed, `set_job_phase(starting=True)` would find the job started and say it did not
+    start it. The step learns its transaction id first, so a lost COMMIT is asked about: not
+    landed, it runs again; landed, its own answer stands. Before, either stopped the daemon."""
+    store.stage_job({"id": "j"}, [], capacity=5, daily_budget=None)
+    cuts = (
+        cut_connection_once(store, "commit", pg_dsn)
+        if lost == "before it landed"
+        else _lose_the_commit_answer_once(store, pg_dsn)
+    )
+    calls: list[int] = []
+    started = anyio.run(
+        DbLane(retry_seconds=10).run, counted(calls, lambda: store.set_job_phase("j", "calling", starting=True))
+    )
+    assert len(cuts) == 1 and started is True
+    assert len(calls) == (2 if lost == "before it landed" else 1)
+    job = store.get_job("j")
+    assert job is not None and job["phase"] == "calling" and job["started_at"] is not None
+
+
 def test_a_connection_cut_under_a_group_commit_sent_in_one_round_trip_is_tried_again(store: Store, pg_dsn: str) -> None:
     """A group commit sends its lock, its writes and its claim's reads together (one query,
     outside SQLAlchemy's execute): a backend terminated under them is the same transient,
