@@ -239,8 +239,7 @@ class BatchQueries:
                     updated_at=db_now(),
                 )
             )
-        # The mapping's plans need to know these attempts exist; statistics gathered twice do no harm.
-        with transaction(self.engine, self.dialect, rerunnable=True) as conn:
+        with transaction(self.engine, self.dialect) as conn:  # the mapping's plans need to know these attempts exist
             self.dialect.refresh_statistics(conn, attempts)
         return sorted(attached)
 

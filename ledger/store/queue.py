@@ -418,7 +418,7 @@ class QueueQueries(ClaimQueries):
         during the back-off ends the request here (`canceled`). `number` is None
         in those cases, and when the row is no longer ours (taken over while we slept).
         """
-        with transaction(self.engine, self.dialect) as conn:
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
             rules = self.pool_rules
             if pool_state.over_learned_limit(conn, request.endpoint) or pool_state.window_full(
                 conn, request.endpoint, rules

@@ -332,7 +332,8 @@ def test_postgresql_counts_running_requests_without_revisiting_those_finished_si
             for _ in range(2):  # the first count marks the dead entries; the second is what every claim pays
                 (ran,) = dialect_module._in_one_query(conn, [(explain, args)])
             plan = ran.rows[0][0][0]["Plan"]
-        assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] < 30, plan
+        # Before: every page holding a finished request (444 of them here); now the index's own.
+        assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] < pages / 4, plan
     finally:
         store.close()
 

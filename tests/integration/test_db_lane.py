@@ -182,11 +182,17 @@ def test_a_lost_commit_of_a_job_step_is_resolved_not_fatal_and_never_run_twice(
         if lost == "before it landed"
         else _lose_the_commit_answer_once(store, pg_dsn)
     )
+    invalidated: list[BaseException | None] = []
+
+    @event.listens_for(store.engine, "invalidate")
+    def _invalidated(_dbapi_connection: Any, _record: Any, exception: BaseException | None) -> None:
+        invalidated.append(exception)  # the driver's COMMIT did fail: its answer never came
+
     calls: list[int] = []
     started = anyio.run(
         DbLane(retry_seconds=10).run, counted(calls, lambda: store.set_job_phase("j", "calling", starting=True))
     )
-    assert len(cuts) == 1 and started is True
+    assert len(cuts) == 1 and len(invalidated) == 1 and started is True
     assert len(calls) == (2 if lost == "before it landed" else 1)
     job = store.get_job("j")
     assert job is not None and job["phase"] == "calling" and job["started_at"] is not None
