@@ -290,9 +290,9 @@ class Dialect:
         if self.name != "postgresql":
             return _one_by_one(conn, driver_args)
         if _size(driver_args) > INLINE_AT_MOST:
-            conn.exec_driver_sql(_PLANS_BY_KEY)
+            conn.exec_driver_sql(";\n".join(_PLANS_BY_KEY))  # no parameters: one simple query
             found = [Ran.read(conn.exec_driver_sql(sql, args)) for sql, args in driver_args]
-            conn.exec_driver_sql(_PLANS_AS_USUAL)
+            conn.exec_driver_sql(";\n".join(_PLANS_AS_USUAL))
             return found
         return _in_one_query(conn, driver_args)
 
@@ -328,7 +328,7 @@ class Dialect:
         """PostgreSQL: keep this transaction's id, as the claim lock's statement does, so that a lost
         COMMIT can be resolved (`commit.transaction`). SQLite has no connection to lose."""
         if self.name == "postgresql":
-            conn.info[XID_KEY] = conn.exec_driver_sql("SELECT pg_current_xact_id()::text").scalar_one()
+            conn.info[XID_KEY] = conn.exec_driver_sql(f"SELECT {_XID}").scalar_one()
 
     def transaction_status(self, conn: Connection, xid: str) -> str | None:
         """'committed', 'aborted' or 'in progress' (PostgreSQL; asked on a new connection after a
@@ -459,7 +459,9 @@ class Dialect:
         return stmt
 
 
-_CLAIM_LOCK = text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK}), pg_current_xact_id()::text")
+# The transaction's id as `XID_KEY` keeps it (`commit.transaction` asks about it after a lost COMMIT).
+_XID = "pg_current_xact_id()::text"
+_CLAIM_LOCK = text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK}), {_XID}")
 
 
 @dataclass(frozen=True)
@@ -488,9 +490,9 @@ INLINE_AT_MOST = 64 * 1024
 # Transaction-local, and set back right after those statements: the transaction's others
 # (a budget's OR of two indexes, say) keep their usual plans. "Back" is the server's and the
 # connection's setting (`TO DEFAULT`); the store sets neither at session level.
-_PLANS_BY_KEY = "SET LOCAL enable_nestloop = off;\nSET LOCAL enable_bitmapscan = off"
-_PLANS_AS_USUAL = "SET LOCAL enable_nestloop TO DEFAULT;\nSET LOCAL enable_bitmapscan TO DEFAULT"
-_PLAN_SETTINGS = 2  # statements in each of the two above
+_PLANNER_SWITCHES = ("enable_nestloop", "enable_bitmapscan")
+_PLANS_BY_KEY = [f"SET LOCAL {name} = off" for name in _PLANNER_SWITCHES]
+_PLANS_AS_USUAL = [f"SET LOCAL {name} TO DEFAULT" for name in _PLANNER_SWITCHES]
 
 
 def _size(driver_args: list[tuple[str, Any]]) -> int:
@@ -515,11 +517,11 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
     """
     raw: Any = conn.connection.driver_connection
     bound = (psycopg.ClientCursor(raw).mogrify(sql, args) for sql, args in statements)
-    query = ";\n".join([_PLANS_BY_KEY, *bound, _PLANS_AS_USUAL])
+    query = ";\n".join([*_PLANS_BY_KEY, *bound, *_PLANS_AS_USUAL])
     try:
         with raw.cursor(row_factory=namedtuple_row) as cursor:
             cursor.execute(query)
-            for _ in range(_PLAN_SETTINGS):
+            for _ in _PLANS_BY_KEY:  # their results: nothing to read
                 cursor.nextset()
             found = []
             for _ in statements:

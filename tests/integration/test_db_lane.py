@@ -70,6 +70,36 @@ def cut_connection_once(store: Store, moment: str, admin_dsn: str) -> list[int]:
     return cuts
 
 
+def lose_the_commit_answer_once(store: Store, admin_dsn: str) -> list[int]:
+    """The next COMMIT lands, then its backend is terminated before the answer comes back;
+    returns the backend pids cut (one, once it happened)."""
+    cuts: list[int] = []
+    admin = psycopg.connect(admin_dsn, autocommit=True)
+
+    @event.listens_for(store.engine, "commit")
+    def _commit_then_cut(conn: Any) -> None:
+        if not cuts:
+            dbapi_connection = conn.connection.dbapi_connection
+            dbapi_connection.commit()  # the server commits ...
+            dbapi_connection.execute("SELECT 1")  # (so that the driver's own COMMIT goes to the server)
+            cuts.append(dbapi_connection.info.backend_pid)
+            admin.execute("SELECT pg_terminate_backend(%s)", (cuts[0],))  # ... and the answer is lost
+            admin.close()
+
+    return cuts
+
+
+def invalidations(store: Store) -> list[BaseException | None]:
+    """The connections invalidated from now on: a COMMIT the driver saw fail is one."""
+    invalidated: list[BaseException | None] = []
+
+    @event.listens_for(store.engine, "invalidate")
+    def _invalidated(_dbapi_connection: Any, _record: Any, exception: BaseException | None) -> None:
+        invalidated.append(exception)
+
+    return invalidated
+
+
 def counted(calls: list[int], fn: Callable[[], T]) -> Callable[[], T]:
     """`fn`, noting each time the lane runs it."""
 
@@ -103,27 +133,11 @@ def test_a_commit_cut_before_it_landed_is_found_not_applied_and_tried_again(stor
 def test_a_commit_whose_answer_was_lost_is_found_committed_and_not_run_again(store: Store, pg_dsn: str) -> None:
     """The COMMIT lands but its answer never comes back (the backend is terminated right after):
     the server says the transaction committed, so the caller goes on with its result, run once."""
-    cuts: list[int] = []
-    admin = psycopg.connect(pg_dsn, autocommit=True)
-
-    @event.listens_for(store.engine, "commit")
-    def _commit_then_cut(conn: Any) -> None:
-        if not cuts:
-            dbapi_connection = conn.connection.dbapi_connection
-            dbapi_connection.commit()  # the server commits ...
-            dbapi_connection.execute("SELECT 1")  # (so that the driver's own COMMIT goes to the server)
-            cuts.append(dbapi_connection.info.backend_pid)
-            admin.execute("SELECT pg_terminate_backend(%s)", (cuts[0],))  # ... and the answer is lost
-
-    lost: list[BaseException | None] = []
-
-    @event.listens_for(store.engine, "invalidate")
-    def _lost(_dbapi_connection: Any, _record: Any, exception: BaseException | None) -> None:
-        lost.append(exception)  # the driver's COMMIT did fail: the answer was lost
+    cuts = lose_the_commit_answer_once(store, pg_dsn)
+    lost = invalidations(store)  # the driver's COMMIT did fail: the answer was lost
 
     calls: list[int] = []
     result = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.cancel(ids=[1])))
-    admin.close()
     assert len(cuts) == 1 and len(lost) == 1
     assert len(calls) == 1  # not run again: that would have canceled nothing
     assert result == CancelResult(canceled=1, in_flight=0)
@@ -150,24 +164,6 @@ def test_a_lost_commit_of_a_rerunnable_step_is_run_again_not_fatal(
     assert len(cuts) == 1 and len(calls) == 2
 
 
-def _lose_the_commit_answer_once(store: Store, pg_dsn: str) -> list[int]:
-    """The next COMMIT lands, then its backend is terminated before the answer comes back."""
-    cuts: list[int] = []
-    admin = psycopg.connect(pg_dsn, autocommit=True)
-
-    @event.listens_for(store.engine, "commit")
-    def _commit_then_cut(conn: Any) -> None:
-        if not cuts:
-            dbapi_connection = conn.connection.dbapi_connection
-            dbapi_connection.commit()
-            dbapi_connection.execute("SELECT 1")
-            cuts.append(dbapi_connection.info.backend_pid)
-            admin.execute("SELECT pg_terminate_backend(%s)", (cuts[0],))
-            admin.close()
-
-    return cuts
-
-
 @pytest.mark.parametrize("lost", ["before it landed", "its answer"])
 def test_a_lost_commit_of_a_job_step_is_resolved_not_fatal_and_never_run_twice(
     store: Store, pg_dsn: str, lost: str
@@ -180,14 +176,9 @@ def test_a_lost_commit_of_a_job_step_is_resolved_not_fatal_and_never_run_twice(
     cuts = (
         cut_connection_once(store, "commit", pg_dsn)
         if lost == "before it landed"
-        else _lose_the_commit_answer_once(store, pg_dsn)
+        else lose_the_commit_answer_once(store, pg_dsn)
     )
-    invalidated: list[BaseException | None] = []
-
-    @event.listens_for(store.engine, "invalidate")
-    def _invalidated(_dbapi_connection: Any, _record: Any, exception: BaseException | None) -> None:
-        invalidated.append(exception)  # the driver's COMMIT did fail: its answer never came
-
+    invalidated = invalidations(store)  # the driver's COMMIT did fail: its answer never came
     calls: list[int] = []
     started = anyio.run(
         DbLane(retry_seconds=10).run, counted(calls, lambda: store.set_job_phase("j", "calling", starting=True))
