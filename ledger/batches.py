@@ -54,6 +54,7 @@ from ledger.settings import Settings
 from ledger.store import Store
 from ledger.store.batch_results import LineOutcome, Mapped
 from ledger.store.batches import BatchGroup, BatchLease, BatchLeaseLost
+from ledger.store.schema import one_line
 from ledger.waits import Handoff, as_raised
 
 LOG = logging.getLogger("ledger.batches")
@@ -548,6 +549,13 @@ def cancel_batches(
         except ProviderError as exc:
             said.append(f"batch {batch['id']}: cancel marked; the provider refused it for now ({exc.message})")
             continue
-        store.note_cancel_sent(int(batch["id"]))
+        try:
+            store.note_cancel_sent(int(batch["id"]))
+        except DBAPIError as exc:  # the cancel stays marked (committed above): a daemon sends it again
+            said.append(
+                f"batch {batch['id']}: {batch['provider']} says {status}; the ledger could not note it"
+                f" ({one_line(exc)}), so a daemon sends the cancel again at its next poll"
+            )
+            continue
         said.append(f"batch {batch['id']}: {batch['provider']} says {status}; finished results are mapped back")
     return said

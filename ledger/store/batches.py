@@ -16,6 +16,7 @@ Invariants every statement here keeps:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,15 +36,18 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from ledger.models import AttemptOutcome, BatchStatus, Delivery, LlmBatch, RequestStatus
 from ledger.store.claim import QUEUED, Budget, attempts, requests
 from ledger.store.commit import any_row, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus, json_param, json_rows, unindexed
+from ledger.store.schema import one_line
 
 batches = LlmBatch.__table__  # type: ignore[attr-defined]
 _r, _b, _a = requests.c, batches.c, attempts.c
 
+LOG = logging.getLogger("ledger.store")
 SUBMITTED = RequestStatus.SUBMITTED.value
 BATCH = Delivery.BATCH.value
 OPEN_BATCH = (BatchStatus.QUEUED.value, BatchStatus.SUBMITTING.value, BatchStatus.SUBMITTED.value)
@@ -239,9 +243,21 @@ class BatchQueries:
                     updated_at=db_now(),
                 )
             )
-        with transaction(self.engine, self.dialect) as conn:  # the mapping's plans need to know these attempts exist
-            self.dialect.refresh_statistics(conn, attempts)
+        self._refresh_statistics_after_attach(lease.id)
         return sorted(attached)
+
+    def _refresh_statistics_after_attach(self, batch_id: int) -> None:
+        """The mapping's plans need to know the attempts just opened exist; only a speed-up, so its
+        own failure is logged, never raised. The attach has committed: raised, the lane would run
+        the attach again, find its requests no longer queued and delete the batch they are in."""
+        try:
+            with transaction(self.engine, self.dialect) as conn:
+                self.dialect.refresh_statistics(conn, attempts)
+        except DBAPIError as exc:
+            LOG.warning(
+                "statistics not refreshed after attaching a batch",
+                extra={"details": {"batch_id": batch_id, "error": one_line(exc)}},
+            )
 
     # -- leases ----------------------------------------------------------------
 

@@ -6,19 +6,26 @@ chosen moment: while a statement runs, or while the COMMIT is under way.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import anyio
+import openai
 import psycopg
 import pytest
 from sqlalchemy import event
 
+from adapters.mock_provider import running_mock_provider
+from ledger.batches import cancel_batches
 from ledger.enqueue import build_spec, to_row
 from ledger.record import DbLane
 from ledger.store import Store
+from ledger.store.batches import BatchGroup, BatchLease
 from ledger.store.queue import CancelResult
 from ledger.store.rows import Completed, Outcome, Written
+from tests.integration.batch_helpers import batch_settings, batches_t, rows
 
 T = TypeVar("T")
 
@@ -36,14 +43,16 @@ def store(pg_url: str) -> Iterator[Store]:
     s.close()
 
 
-def cut_connection_once(store: Store, moment: str, admin_dsn: str) -> list[int]:
-    """Terminate the backend of the next transaction at `moment` ("begin", "statement" or "commit");
-    returns a list that records each cut."""
+def cut_connection_once(store: Store, moment: str, admin_dsn: str, *, skip: int = 0) -> list[int]:
+    """Terminate the backend of the next transaction at `moment` ("begin", "statement" or "commit"),
+    the `skip` such moments before it left alone; returns a list that records each cut."""
     cuts: list[int] = []
+    seen: list[int] = []
     admin = psycopg.connect(admin_dsn, autocommit=True)
 
     def cut(dbapi_connection: Any) -> None:
-        if not cuts:
+        seen.append(1)
+        if not cuts and len(seen) > skip:
             pid = dbapi_connection.info.backend_pid
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
             admin.close()
@@ -70,15 +79,17 @@ def cut_connection_once(store: Store, moment: str, admin_dsn: str) -> list[int]:
     return cuts
 
 
-def lose_the_commit_answer_once(store: Store, admin_dsn: str) -> list[int]:
-    """The next COMMIT lands, then its backend is terminated before the answer comes back;
-    returns the backend pids cut (one, once it happened)."""
+def lose_the_commit_answer_once(store: Store, admin_dsn: str, *, skip: int = 0) -> list[int]:
+    """The next COMMIT (the `skip` before it left alone) lands, then its backend is terminated
+    before the answer comes back; returns the backend pids cut (one, once it happened)."""
     cuts: list[int] = []
+    seen: list[int] = []
     admin = psycopg.connect(admin_dsn, autocommit=True)
 
     @event.listens_for(store.engine, "commit")
     def _commit_then_cut(conn: Any) -> None:
-        if not cuts:
+        seen.append(1)
+        if not cuts and len(seen) > skip:
             dbapi_connection = conn.connection.dbapi_connection
             dbapi_connection.commit()  # the server commits ...
             dbapi_connection.execute("SELECT 1")  # (so that the driver's own COMMIT goes to the server)
@@ -210,3 +221,112 @@ def test_a_connection_cut_under_a_group_commit_sent_in_one_round_trip_is_tried_a
     assert (counts["completed"], counts["running"], counts["queued"]) == (1, 1, 0)
     row = store.get_request(call.id)
     assert row is not None and [a["outcome"] for a in row["attempt_rows"]] == ["succeeded"]
+
+
+def batch_group(store: Store, n: int = 2) -> BatchGroup:
+    """`n` queued batch requests for openai, as one group due for a batch."""
+    store.enqueue(
+        to_row(
+            build_spec(
+                model="gpt-4o-mini",
+                provider="openai",
+                delivery="batch",
+                idempotency_key=f"b{i}",
+                messages=[{"role": "user", "content": f"batch question {i}"}],
+            )
+        )
+        for i in range(n)
+    )
+    (group,) = store.batch_groups(0)
+    return group
+
+
+def opened(store: Store) -> BatchLease:
+    """A batch opened for the queued batch requests, with them attached (status `submitting`)."""
+    group = batch_group(store)
+    lease = store.open_batch(group, "w1", 30.0, "submit-key")
+    assert len(store.attach(lease, store.group_request_ids(group, 10), 100)) == group.queued
+    return lease
+
+
+@pytest.mark.parametrize("lost", ["before it landed", "its answer"])
+@pytest.mark.parametrize("step", ["open a batch", "mark it submitted"])
+def test_a_lost_commit_of_a_batch_step_is_resolved_not_fatal_and_never_run_twice(
+    store: Store, pg_dsn: str, lost: str, step: str
+) -> None:
+    """Run again after its COMMIT landed, opening a batch would leave a second batch row for the
+    same requests, and marking one submitted would find its lease let go (the step fails). Each
+    learns its transaction id first: not landed, it runs again; landed, its own answer stands."""
+    if step == "open a batch":
+        group = batch_group(store)
+        run: Callable[[], object] = lambda: store.open_batch(group, "w1", 30.0, "submit-key")  # noqa: E731
+    else:
+        lease = opened(store)
+        run = lambda: store.mark_submitted(lease, "batch_abc", "validating", 60.0)  # noqa: E731
+    cuts = (
+        cut_connection_once(store, "commit", pg_dsn)
+        if lost == "before it landed"
+        else lose_the_commit_answer_once(store, pg_dsn)
+    )
+    invalidated = invalidations(store)
+    calls: list[int] = []
+    answer = anyio.run(DbLane(retry_seconds=10).run, counted(calls, run))
+    assert len(cuts) == 1 and len(invalidated) == 1
+    assert len(calls) == (2 if lost == "before it landed" else 1)
+    (batch,) = rows(store, batches_t)  # one batch row, whatever the COMMIT's fate
+    if step == "open a batch":
+        assert isinstance(answer, BatchLease) and answer.id == batch["id"] and batch["status"] == "queued"
+    else:
+        assert (batch["status"], batch["provider_batch_id"], batch["lease_owner"]) == ("submitted", "batch_abc", None)
+
+
+@pytest.mark.parametrize("lost", ["before it landed", "its answer"])
+def test_a_lost_commit_of_the_statistics_refresh_after_an_attach_leaves_the_attach_as_it_is(
+    store: Store, pg_dsn: str, lost: str
+) -> None:
+    """The attach commits, then refreshes the planner's statistics in a transaction of its own. That
+    one is only a speed-up: its failure is logged, not raised. Raised, the lane would run the whole
+    attach again, find its requests no longer queued and delete the batch they are attached to."""
+    group = batch_group(store)
+    lease = store.open_batch(group, "w1", 30.0, "submit-key")
+    ids = store.group_request_ids(group, 10)
+    if lost == "before it landed":
+        cuts = cut_connection_once(store, "commit", pg_dsn, skip=1)  # the attach's own COMMIT goes through
+    else:
+        cuts = lose_the_commit_answer_once(store, pg_dsn, skip=1)
+    calls: list[int] = []
+    attached = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.attach(lease, ids, 100)))
+    assert len(cuts) == 1 and len(calls) == 1
+    assert attached == sorted(ids)
+    (batch,) = rows(store, batches_t)
+    assert (batch["id"], batch["status"], batch["request_total"]) == (lease.id, "submitting", len(ids))
+    assert store.batch_request_ids(lease.id) == sorted(ids)
+
+
+def test_a_cancel_sent_whose_note_failed_says_so_and_stays_marked_for_the_daemon(
+    store: Store, pg_url: str, pg_dsn: str
+) -> None:
+    """`ledger cancel --batch`: the provider took the cancel, then noting it in the ledger failed (the
+    backend terminated). One line says so, not a traceback; the cancel stays marked, unsent as far as
+    the ledger knows, so a daemon's next poll of the batch sends it again."""
+    with running_mock_provider(batch_latency=30) as mock:
+        lease = opened(store)
+        client = openai.OpenAI(base_url=mock.openai_base_url, api_key="test-key")
+        line = {"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "gpt-4o-mini"}}
+        uploaded = client.files.create(file=("in.jsonl", json.dumps(line).encode()), purpose="batch")
+        created = client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        store.mark_submitted(lease, created.id, created.status, 60.0)
+        cuts = cut_connection_once(store, "begin", pg_dsn, skip=1)  # the cancel is marked, then its note is cut
+        said = cancel_batches(store, batch_settings(pg_url, mock), batch_id=lease.id)
+        assert len(cuts) == 1
+        (only,) = said
+        assert re.fullmatch(
+            rf"batch {lease.id}: openai says cancell(ing|ed); the ledger could not note it \(.+\), "
+            r"so a daemon sends the cancel again at its next poll",
+            only,
+        ), only
+        assert client.batches.retrieve(created.id).status in ("cancelling", "cancelled")
+    batch = store.get_batch(lease.id)
+    assert batch is not None and batch["cancel_requested_at"] is not None and batch["cancel_sent_at"] is None
