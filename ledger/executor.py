@@ -7,9 +7,10 @@ at any point resumes at the right attempt number.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -21,6 +22,7 @@ from ledger.prices import PriceTable
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.store import Store
+from ledger.store.claim import Held
 from ledger.store.rows import (
     AttemptFailure,
     ClaimedRequest,
@@ -33,6 +35,59 @@ from ledger.store.rows import (
 )
 
 
+class CallDeadlines:
+    """Every call's timeout, on one timer for all the calls in flight instead of one each.
+
+    A cancel scope with a deadline per call (anyio's `fail_after`) sets and cancels a timer on
+    the event loop and enters a scope of its own for every call: at zero latency that was about
+    an eighth of the daemon's CPU per request (issue 9, docs/benchmarks.md). Every call gets the
+    same timeout, so deadlines come due in the order the calls started: the oldest call still
+    out is the next one due, and a single timer, set for it, is all it takes. A call past its
+    deadline is cut off by cancelling the scope it runs in (its lease's, `LeaseKeeper.working_on`,
+    which the executor leaves once the timeout is recorded); `_call_within` tells that from a
+    lease keeper's cut and raises TimeoutError.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._due: dict[Held, tuple[float, anyio.CancelScope]] = {}  # in the order the calls started
+        self._expired: set[Held] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, key: Held, scope: anyio.CancelScope) -> None:
+        """The call of `key` goes out now, in `scope`."""
+        loop = asyncio.get_running_loop()
+        self._due[key] = (loop.time() + self.timeout_s, scope)
+        if self._timer is None:
+            self._set_timer(loop)
+
+    def end(self, key: Held) -> bool:
+        """The call of `key` is over; whether its deadline cut it off."""
+        self._due.pop(key, None)
+        if key in self._expired:
+            self._expired.discard(key)
+            return True
+        return False
+
+    def _set_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._due:
+            self._timer = None
+            return
+        due, _ = next(iter(self._due.values()))
+        self._timer = loop.call_at(due, self._cut_off_due, loop)
+
+    def _cut_off_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        while self._due:
+            key, (due, scope) = next(iter(self._due.items()))
+            if due > now:
+                break
+            del self._due[key]
+            self._expired.add(key)
+            scope.cancel()
+        self._set_timer(loop)
+
+
 @dataclass(frozen=True)
 class CallContext:
     """What every executor of a daemon shares."""
@@ -43,6 +98,10 @@ class CallContext:
     policy: RetryPolicy
     timeout_s: float
     prices: PriceTable
+    deadlines: CallDeadlines = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "deadlines", CallDeadlines(self.timeout_s))
 
 
 def stored_call(
@@ -59,15 +118,19 @@ def stored_call(
 
 
 async def execute(
-    request: ClaimedRequest, adapter: Adapter, ctx: CallContext, may_call: Callable[[], bool] = lambda: True
+    request: ClaimedRequest,
+    adapter: Adapter,
+    ctx: CallContext,
+    scope: anyio.CancelScope,
+    may_call: Callable[[], bool] = lambda: True,
 ) -> None:
-    """Drive one request from its claimed attempt to a recorded outcome.
+    """Drive one request from its claimed attempt to a recorded outcome, in `scope` (its lease's).
 
     `may_call` is asked right before every call: False (the lease is not known good)
     means the call is not made; the lease keeper has cut the lease, and the row goes
     back to the queue when it expires (or is already another daemon's).
     """
-    attempt = request.attempt
+    attempt, key = request.attempt, (request.id, request.token)
     started = time.monotonic()
     call = stored_call(request.model, request.input, request.params, request.response_format)
     while True:
@@ -76,7 +139,7 @@ async def execute(
         t0 = time.monotonic()
         out_before = CALLS_OUT.now(request.endpoint)
         try:
-            result = await _call_within(adapter, call, ctx.timeout_s, request.endpoint)
+            result = await _call_within(adapter, call, request.endpoint, ctx.deadlines, key, scope)
         except TimeoutError:
             events.timeout(request.id, request.agent, request.dimension, ctx.timeout_s)
             error = ProviderError(f"no answer within {ctx.timeout_s}s", retryable=True, code="timeout")
@@ -149,17 +212,25 @@ async def execute(
         attempt = next_attempt.number
 
 
-async def _call_within(adapter: Adapter, call: CallRequest, timeout_s: float, pool: str) -> CallResult:
-    """The call, cut off with TimeoutError after `timeout_s`, counted out in its pool meanwhile.
+async def _call_within(
+    adapter: Adapter, call: CallRequest, pool: str, deadlines: CallDeadlines, key: Held, scope: anyio.CancelScope
+) -> CallResult:
+    """The call, cut off with TimeoutError at its deadline (`deadlines` cancels `scope`, the scope it
+    runs in), counted out in its pool meanwhile. Any other cancellation of `scope` (a lease cut)
+    goes on as it is: the call ends, and nothing is recorded for it.
 
-    `anyio.fail_after` spelled out: its context manager and this one's were a tenth of the
-    event loop's time per request at zero latency (issue 9)."""
+    After a timeout `scope` stays cancelled: the executor only records the timeout (a shielded
+    wait) and leaves it, as a timeout gives its slot back and its retry waits in the queue."""
     CALLS_OUT.add(pool, 1)
+    deadlines.start(key, scope)
     try:
-        with anyio.CancelScope(deadline=anyio.current_time() + timeout_s):
-            return await adapter.call(call, timeout=timeout_s + 5)
-        raise TimeoutError  # only reached when the deadline cancelled the call
+        return await adapter.call(call, timeout=deadlines.timeout_s + 5)
+    except anyio.get_cancelled_exc_class():
+        if deadlines.end(key):
+            raise TimeoutError from None
+        raise
     finally:
+        deadlines.end(key)
         CALLS_OUT.add(pool, -1)
 
 

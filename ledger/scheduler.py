@@ -220,8 +220,8 @@ class Scheduler:
     async def _execute(self, request: ClaimedRequest) -> None:
         key = (request.id, request.token)
         try:
-            with self.leases.working_on(key):  # cut off if its lease is lapsing
-                await self._call(request)
+            with self.leases.working_on(key) as scope:  # cut off if its lease is lapsing (or its call's deadline)
+                await self._call(request, scope)
         except RecorderStopped:
             return  # the recorder's own failure stops the daemon; this request's lease will expire
         finally:
@@ -234,7 +234,7 @@ class Scheduler:
                 self._wake.set()
                 self.idle()
 
-    async def _call(self, request: ClaimedRequest) -> None:
+    async def _call(self, request: ClaimedRequest, scope: anyio.CancelScope) -> None:
         try:
             adapter = await self.adapter_for(request.provider)
         except ValueError as exc:  # e.g. a provider with no base URL configured
@@ -244,7 +244,7 @@ class Scheduler:
                     request.id, request.agent, request.dimension, None, "config_error", str(exc), request.attempt, 0.0
                 )
             return
-        await execute(request, adapter, self.ctx, lambda: self.leases.may_call((request.id, request.token)))
+        await execute(request, adapter, self.ctx, scope, lambda: self.leases.may_call((request.id, request.token)))
 
     async def wait_all_done(self) -> None:
         await self._all_done.wait()
