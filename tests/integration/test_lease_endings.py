@@ -6,6 +6,7 @@ lease, and never while the provider may still be working on the call.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -17,10 +18,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from ledger.record import RecorderStopped
 from ledger.store import Store
 from ledger.store.dialect import CLAIM_LOCK
 from ledger.store.queue import CancelResult
-from ledger.store.rows import AttemptFailure, Claim, Completed, RetryLater, Written
+from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Completed, RetryLater, Written
 from tests.integration.store_helpers import add_requests
 
 LIMITS: dict[str, Any] = {"global_limit": 5, "pool_limit": lambda _: 5, "max_attempts": 3, "max_claims": 5}
@@ -414,3 +416,33 @@ class _Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+def test_answers_handed_in_as_another_task_of_the_daemon_fails_are_still_written(db_url: str, store: Store) -> None:
+    """A task of the daemon fails at the moment executors hand their paid answers in: the recorder,
+    idle until then, is cancelled with everything else before it has seen them. It writes what
+    it holds before it goes; the requests do not wait for their leases to expire to be called,
+    and paid for, again. (Before, the recorder failed the answers' waits and went.)"""
+    from ledger.record import DbLane, Recorder
+
+    add_requests(store, 3)
+    taken = claim(store, "daemon").requests
+    recorder = Recorder(store, DbLane(1.0), lambda _claim: None)
+
+    async def hand_in(request: ClaimedRequest) -> None:
+        with contextlib.suppress(RecorderStopped):
+            await recorder.submit(Completed(request, request.attempt, f"answer {request.id}", 5))
+
+    async def fail_as_answers_come() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(recorder.run)
+            for request in taken:  # the executors hand their answers in, in this turn of the loop ...
+                tg.start_soon(hand_in, request)
+            raise RuntimeError("another task of the daemon failed")  # ... after this failure
+
+    with pytest.raises(BaseExceptionGroup) as failed:
+        anyio.run(fail_as_answers_come)
+    assert failed.group_contains(RuntimeError, match="another task of the daemon failed")
+    for request in taken:
+        row = store.get_request(request.id)
+        assert row is not None and (row["status"], row["raw_output"]) == ("completed", f"answer {request.id}")
