@@ -3,8 +3,9 @@
 Beside it, in the same run, a bare `asyncio.Semaphore` + `gather` loop over the
 same adapter: the price of durability (claims, attempt rows, outcomes, leases).
 Each daemon run also prints the process's CPU time per request (event loop and
-database lane together; PostgreSQL's own work is not in it): on a noisy machine it
-moves less than the wall from one run to the next. Targets (issue 9): 10,000
+database lane together): on a noisy machine it moves less than the wall from one run
+to the next. SQLite's own work is in it and PostgreSQL's is not (a server process), so
+compare it across trees, not across the two databases. Targets (issue 9): 10,000
 requests/s on SQLite, 5,000 on PostgreSQL.
 
     python -m bench.overhead [--requests 5000] [--limit 50] [--runs 1] [--only sqlite|postgres]

@@ -554,7 +554,7 @@ def cancel_batches(
         except DBAPIError as exc:  # the cancel stays marked (committed above): a daemon sends it again
             said.append(
                 f"batch {batch['id']}: {batch['provider']} says {status}; the ledger could not note it"
-                f" ({one_line(exc)}), so a daemon sends the cancel again at its next poll"
+                f" ({one_line(exc)}), so a daemon sends the cancel again at its next poll (unless the note landed)"
             )
             continue
         said.append(f"batch {batch['id']}: {batch['provider']} says {status}; finished results are mapped back")

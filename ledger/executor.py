@@ -53,12 +53,14 @@ class CallDeadlines:
         self._due: dict[Held, tuple[float, anyio.CancelScope]] = {}  # in the order the calls started
         self._expired: set[Held] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, key: Held, scope: anyio.CancelScope) -> None:
         """The call of `key` goes out now, in `scope`."""
         loop = asyncio.get_running_loop()
+        self._due.pop(key, None)  # (a key's earlier call is over: the order stays the start order)
         self._due[key] = (loop.time() + self.timeout_s, scope)
-        if self._timer is None:
+        if self._timer is None or loop is not self._loop:  # (a timer of a loop gone never fires)
             self._set_timer(loop)
 
     def end(self, key: Held) -> bool:
@@ -70,6 +72,10 @@ class CallDeadlines:
         return False
 
     def _set_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One timer, for the oldest call out (the next one due), or none when no call is out."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._loop = loop
         if not self._due:
             self._timer = None
             return
@@ -77,15 +83,20 @@ class CallDeadlines:
         self._timer = loop.call_at(due, self._cut_off_due, loop)
 
     def _cut_off_due(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
-        while self._due:
-            key, (due, scope) = next(iter(self._due.items()))
-            if due > now:
-                break
-            del self._due[key]
-            self._expired.add(key)
-            scope.cancel()
-        self._set_timer(loop)
+        """Cancel the scopes of the calls past their deadline, then set the timer for the next."""
+        self._timer = None
+        try:
+            now = loop.time()
+            while self._due:
+                key, (due, scope) = next(iter(self._due.items()))
+                if due > now:
+                    break
+                del self._due[key]
+                if not scope.cancel_called:  # a lease cut came first: that is what ended the call
+                    self._expired.add(key)
+                    scope.cancel()
+        finally:
+            self._set_timer(loop)
 
 
 @dataclass(frozen=True)
@@ -188,7 +199,9 @@ async def execute(
         # learned limit (set in one step from it) or its cooldown is what holds the endpoint's
         # traffic back now, and a slot held through the back-off would only idle. Any other
         # transient failure keeps the slot through the back-off (seed 002).
-        hold = not (error.code == "timeout" or rate_limited)
+        # A cancelled scope (a lease cut, or a deadline that came as the call ended another way)
+        # cannot sleep through a back-off: the slot goes back with the outcome.
+        hold = not (error.code == "timeout" or rate_limited or scope.cancel_called)
         # What a 429 teaches: this daemon's other calls to the pool out when it was refused. Counted
         # when it was sent and now, the more of the two: one answered while the refusal was on
         # its way back was still at the provider when it refused (over-counting costs a 429 more,
@@ -222,13 +235,17 @@ async def _call_within(
     After a timeout `scope` stays cancelled: the executor only records the timeout (a shielded
     wait) and leaves it, as a timeout gives its slot back and its retry waits in the queue."""
     CALLS_OUT.add(pool, 1)
-    deadlines.start(key, scope)
     try:
-        return await adapter.call(call, timeout=deadlines.timeout_s + 5)
-    except anyio.get_cancelled_exc_class():
-        if deadlines.end(key):
-            raise TimeoutError from None
-        raise
+        deadlines.start(key, scope)
+        try:
+            return await adapter.call(call, timeout=deadlines.timeout_s + 5)
+        except (Exception, anyio.get_cancelled_exc_class(), BaseExceptionGroup) as exc:
+            # Past its deadline, whatever the adapter raised is the timeout: the cancellation
+            # itself, or an error that came out first (an adapter that finishes a response under
+            # a shield sees the cancellation only later, if ever).
+            if deadlines.end(key):
+                raise TimeoutError from exc
+            raise
     finally:
         deadlines.end(key)
         CALLS_OUT.add(pool, -1)

@@ -204,16 +204,11 @@ class Recorder:
     async def submit(self, outcome: Outcome) -> Written:
         """Queue an outcome and wait until it is committed.
 
-        Raises `RecorderStopped` when it cannot be written (the recorder died).
-
-        Once queued, the outcome is written whether or not its executor waits: by the next
-        group commit, or, if the daemon is stopping or another of its tasks failed, by the
-        recorder's last flush (`run`). A failure or a retry is waited for shielded, as what
-        its executor does next (its event, its back-off) needs to know it was applied. An
-        answer is waited for as it comes: nothing follows it, and its executor may be cut off
-        meanwhile (its lease lapsing in an outage) without the answer being lost. That wait
-        unshielded saves a cancel scope per request, a seventh of the daemon's CPU at zero
-        latency (issue 9).
+        Raises `RecorderStopped` when it cannot be written (the recorder died). Once queued,
+        the outcome is written whether or not its executor waits: by the next group commit,
+        or by the recorder's last flush if the daemon stops or another of its tasks fails
+        (`run`). The wait is shielded all the same: what the executor does next (its event,
+        its back-off, letting go of its lease) must follow the commit.
         """
         if self._stopped:
             raise RecorderStopped("the recorder has stopped")
@@ -224,17 +219,16 @@ class Recorder:
             self._pending.append(_Waiting(outcome, written))
         self._wake.set()
         try:
-            if isinstance(outcome, Completed):
-                return await written
-            with anyio.CancelScope(shield=True):
-                return await written
-            raise AssertionError("unreachable: a shielded wait is not cancelled")  # pragma: no cover
-        except _NeverWritten:
-            raise RecorderStopped("the recorder stopped before this outcome was written") from None
+            with anyio.CancelScope(shield=True):  # a finished paid call is always written, or the daemon stops
+                try:
+                    return await written
+                except _NeverWritten:
+                    raise RecorderStopped("the recorder stopped before this outcome was written") from None
         finally:
             left = self._in_hand.pop(key) - 1
             if left:
                 self._in_hand[key] = left
+        raise AssertionError("unreachable: a shielded wait is not cancelled")  # pragma: no cover
 
     def unwritten(self) -> list[tuple[int, int]]:
         """Leases (request id, token) whose outcomes are in hand but not committed yet.
@@ -280,7 +274,8 @@ class Recorder:
                     await self.flush()
         except anyio.get_cancelled_exc_class():
             # The daemon is stopping, or another of its tasks failed: what was handed in is paid
-            # for, and is written before the recorder goes (its executors may be gone already).
+            # for, and is written before the recorder goes. (An answer handed in as the
+            # cancellation came was failed unwritten, and its request called again later.)
             with anyio.CancelScope(shield=True):
                 await self.flush()
             raise

@@ -1,7 +1,9 @@
-"""Queued requests for the store-level tests: mock-provider rows, one pool per model."""
+"""Queued requests for the store-level tests: mock-provider rows, one pool per model. And the
+ledger's log records, kept for a test to read."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ledger.enqueue import build_spec, to_row
@@ -33,3 +35,14 @@ def add_requests(
         )
         for i in range(n)
     )
+
+
+class LogRecords(logging.Handler):
+    """The ledger's log records, kept (the ledger's logger may not propagate to pytest's)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)

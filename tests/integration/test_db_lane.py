@@ -7,6 +7,7 @@ chosen moment: while a statement runs, or while the COMMIT is under way.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from ledger.store.batches import BatchGroup, BatchLease
 from ledger.store.queue import CancelResult
 from ledger.store.rows import Completed, Outcome, Written
 from tests.integration.batch_helpers import batch_settings, batches_t, rows
+from tests.integration.store_helpers import LogRecords
 
 T = TypeVar("T")
 
@@ -43,9 +45,12 @@ def store(pg_url: str) -> Iterator[Store]:
     s.close()
 
 
-def cut_connection_once(store: Store, moment: str, admin_dsn: str, *, skip: int = 0) -> list[int]:
+def cut_connection_once(
+    store: Store, moment: str, admin_dsn: str, *, skip: int = 0, statement_starting: str = ""
+) -> list[int]:
     """Terminate the backend of the next transaction at `moment` ("begin", "statement" or "commit"),
-    the `skip` such moments before it left alone; returns a list that records each cut."""
+    the `skip` such moments before it left alone (and, for a statement, only one that starts with
+    `statement_starting`); returns a list that records each cut."""
     cuts: list[int] = []
     seen: list[int] = []
     admin = psycopg.connect(admin_dsn, autocommit=True)
@@ -67,8 +72,9 @@ def cut_connection_once(store: Store, moment: str, admin_dsn: str, *, skip: int 
     elif moment == "statement":
 
         @event.listens_for(store.engine, "before_cursor_execute")
-        def _before_statement(conn: Any, cursor: Any, *_: Any) -> None:
-            cut(cursor.connection)
+        def _before_statement(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+            if statement.startswith(statement_starting):
+                cut(cursor.connection)
 
     else:
 
@@ -280,23 +286,33 @@ def test_a_lost_commit_of_a_batch_step_is_resolved_not_fatal_and_never_run_twice
         assert (batch["status"], batch["provider_batch_id"], batch["lease_owner"]) == ("submitted", "batch_abc", None)
 
 
-@pytest.mark.parametrize("lost", ["before it landed", "its answer"])
-def test_a_lost_commit_of_the_statistics_refresh_after_an_attach_leaves_the_attach_as_it_is(
-    store: Store, pg_dsn: str, lost: str
+@pytest.mark.parametrize("cut", ["during it", "at its COMMIT, before it landed", "at its COMMIT, its answer"])
+def test_a_failed_statistics_refresh_after_an_attach_leaves_the_attach_as_it_is(
+    store: Store, pg_dsn: str, cut: str
 ) -> None:
     """The attach commits, then refreshes the planner's statistics in a transaction of its own. That
-    one is only a speed-up: its failure is logged, not raised. Raised, the lane would run the whole
-    attach again, find its requests no longer queued and delete the batch they are attached to."""
+    one is only a speed-up: its failure is logged, not raised. Raised, a connection cut during it
+    (a transient failure) had the lane run the whole attach again, find its requests no longer
+    queued and delete the batch they are attached to; one at its COMMIT stopped the daemon."""
     group = batch_group(store)
     lease = store.open_batch(group, "w1", 30.0, "submit-key")
     ids = store.group_request_ids(group, 10)
-    if lost == "before it landed":
+    if cut == "during it":
+        cuts = cut_connection_once(store, "statement", pg_dsn, statement_starting="ANALYZE")
+    elif cut == "at its COMMIT, before it landed":
         cuts = cut_connection_once(store, "commit", pg_dsn, skip=1)  # the attach's own COMMIT goes through
     else:
         cuts = lose_the_commit_answer_once(store, pg_dsn, skip=1)
     calls: list[int] = []
-    attached = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.attach(lease, ids, 100)))
+    warnings = LogRecords(logging.WARNING)
+    logging.getLogger("ledger.store").addHandler(warnings)
+    try:
+        attached = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.attach(lease, ids, 100)))
+    finally:
+        logging.getLogger("ledger.store").removeHandler(warnings)
     assert len(cuts) == 1 and len(calls) == 1
+    (said,) = [r for r in warnings.records if r.getMessage() == "statistics not refreshed after attaching a batch"]
+    assert said.details["batch_id"] == lease.id  # type: ignore[attr-defined]
     assert attached == sorted(ids)
     (batch,) = rows(store, batches_t)
     assert (batch["id"], batch["status"], batch["request_total"]) == (lease.id, "submitting", len(ids))
@@ -324,7 +340,7 @@ def test_a_cancel_sent_whose_note_failed_says_so_and_stays_marked_for_the_daemon
         (only,) = said
         assert re.fullmatch(
             rf"batch {lease.id}: openai says cancell(ing|ed); the ledger could not note it \(.+\), "
-            r"so a daemon sends the cancel again at its next poll",
+            r"so a daemon sends the cancel again at its next poll \(unless the note landed\)",
             only,
         ), only
         assert client.batches.retrieve(created.id).status in ("cancelling", "cancelled")

@@ -23,7 +23,7 @@ from ledger.store import Store
 from ledger.store.dialect import CLAIM_LOCK
 from ledger.store.queue import CancelResult
 from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Completed, RetryLater, Written
-from tests.integration.store_helpers import add_requests
+from tests.integration.store_helpers import LogRecords, add_requests
 
 LIMITS: dict[str, Any] = {"global_limit": 5, "pool_limit": lambda _: 5, "max_attempts": 3, "max_claims": 5}
 
@@ -384,7 +384,7 @@ def test_a_renewal_that_sees_answered_requests_finish_cuts_nothing_off(db_url: s
     keeper = LeaseKeeper(store, settings, "daemon", recorder.in_hand)
     for request in (answered, working):
         keeper.hold((request.id, request.token), time.monotonic())
-    warnings = _Records(logging.WARNING)
+    warnings = LogRecords(logging.WARNING)
     ledger_log = logging.getLogger("ledger")
 
     async def renewal_between_commit_and_answer() -> None:
@@ -407,17 +407,6 @@ def test_a_renewal_that_sees_answered_requests_finish_cuts_nothing_off(db_url: s
     assert (working.id, working.token) in keeper.held()
 
 
-class _Records(logging.Handler):
-    """The ledger's log records, kept (the ledger's logger may not propagate to pytest's)."""
-
-    def __init__(self, level: int) -> None:
-        super().__init__(level)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 def test_answers_handed_in_as_another_task_of_the_daemon_fails_are_still_written(db_url: str, store: Store) -> None:
     """A task of the daemon fails at the moment executors hand their paid answers in: the recorder,
     idle until then, is cancelled with everything else before it has seen them. It writes what
@@ -430,7 +419,7 @@ def test_answers_handed_in_as_another_task_of_the_daemon_fails_are_still_written
     recorder = Recorder(store, DbLane(1.0), lambda _claim: None)
 
     async def hand_in(request: ClaimedRequest) -> None:
-        with contextlib.suppress(RecorderStopped):
+        with contextlib.suppress(RecorderStopped):  # (what the recorder said before)
             await recorder.submit(Completed(request, request.attempt, f"answer {request.id}", 5))
 
     async def fail_as_answers_come() -> None:
