@@ -380,10 +380,15 @@ class BatchWorker:
         adapter = await self.adapter(row["provider"])
         provider_id = str(row["provider_batch_id"])
         interval = self.settings.batch_poll_interval
+        refused = None
         try:
             if row["cancel_requested_at"] is not None and row["cancel_sent_at"] is None:
-                await adapter.cancel(provider_id)
-                await self.lane.run(self.store.note_cancel_sent, lease.id)
+                try:
+                    await adapter.cancel(provider_id)
+                except ProviderError as exc:  # the batch is looked at all the same: it may have ended
+                    refused = f"cancel not taken: {exc.message}"
+                else:
+                    await self.lane.run(self.store.note_cancel_sent, lease.id)
             batch = await adapter.retrieve(provider_id)
         except ProviderError as exc:  # a local or transient failure: what the provider said stays
             why = exc.message
@@ -396,6 +401,8 @@ class BatchWorker:
                 counts=batch.counts,
                 output_file_id=batch.output_file_id,
                 error_file_id=batch.error_file_id,
+                # Not ended, a refused cancel is sent again at the next poll; ended, it is moot.
+                poll_error=None if batch.ended else refused,
                 release_for=None if batch.ended else interval,  # an ended batch is mapped under this lease
             )
         )

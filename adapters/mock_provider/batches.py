@@ -19,7 +19,8 @@ Faults, by flag (a rate per batch or per line) or by directive in a prompt
 Flags: `batch_expire_rate` (the batch expires; every other line gets no result),
 `batch_fail_rate` (validation failure of the whole batch), `batch_line_error_rate`
 (a line answers 500), `batch_create_stall`, `batch_results_stall` (the first
-download of each result file stops half-way for that long).
+download of each result file stops half-way for that long), `batch_cancel_ended_refused`
+(a cancel of a batch that has ended answers 400, as a provider may).
 """
 
 from __future__ import annotations
@@ -127,8 +128,8 @@ class BatchStore:
             return json_reply(200, self._list("openai", args.get("after"), int(args.get("limit", 20)), host))
         if parts[:2] == ["v1", "batches"] and len(parts) >= 3 and parts[2] in self.batches:
             batch = self.batches[parts[2]]
-            if method == "POST" and parts[-1] == "cancel":
-                self._cancel(batch)
+            if method == "POST" and parts[-1] == "cancel" and not self._cancel(batch):
+                return error_reply("openai", 400, "invalid_request_error", "the batch has ended: no cancel")
             return json_reply(200, self._openai_view(batch))
         if method == "POST" and path == "/v1/messages/batches":
             return self._anthropic_create(json.loads(body)["requests"], host)
@@ -136,8 +137,8 @@ class BatchStore:
             return json_reply(200, self._list("anthropic", args.get("after_id"), int(args.get("limit", 20)), host))
         if parts[:3] == ["v1", "messages", "batches"] and len(parts) >= 4 and parts[3] in self.batches:
             batch = self.batches[parts[3]]
-            if method == "POST" and parts[-1] == "cancel":
-                self._cancel(batch)
+            if method == "POST" and parts[-1] == "cancel" and not self._cancel(batch):
+                return error_reply("anthropic", 400, "invalid_request_error", "the batch has ended: no cancel")
             if parts[-1] == "results":
                 if not self._ended(batch):
                     return error_reply("anthropic", 400, "invalid_request_error", "batch has not ended")
@@ -256,12 +257,16 @@ class BatchStore:
             return time.time() - batch.canceled_at >= finalize
         return self._elapsed(batch) >= self.config.batch_latency + finalize
 
-    def _cancel(self, batch: Batch) -> None:
+    def _cancel(self, batch: Batch) -> bool:
+        """Cancel `batch` (again, or once it has ended: nothing changes); False when refused."""
+        if self._ended(batch) and self.config.batch_cancel_ended_refused:
+            return False
         if batch.canceled_at is not None or self._ended(batch):
-            return
+            return True
         batch.canceled_at = time.time()
         latency = self.config.batch_latency
         batch.finished_share = min(1.0, self._elapsed(batch) / latency) if latency > 0 else 1.0
+        return True
 
     def _finish(self, batch: Batch) -> None:
         """Answer every request of an ended batch once (the same answers as online calls)."""

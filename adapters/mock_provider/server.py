@@ -83,6 +83,7 @@ class MockProviderConfig:
     batch_expire_rate: float = 0.0
     batch_fail_rate: float = 0.0
     batch_line_error_rate: float = 0.0
+    batch_cancel_ended_refused: bool = False  # a cancel of an ended batch answers 400
     backlog: int = 1024
 
 
@@ -448,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-expire-rate", type=float, default=0.0, help="share of batches that expire")
     parser.add_argument("--batch-fail-rate", type=float, default=0.0, help="share failing validation")
     parser.add_argument("--batch-line-error-rate", type=float, default=0.0, help="share of lines answering 500")
+    parser.add_argument(
+        "--batch-cancel-ended-refused", action="store_true", help="a cancel of an ended batch answers 400"
+    )
     args = parser.parse_args(argv)
     try:
         faults = parse_fault_rates(args.fault_rate)
@@ -471,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_expire_rate=args.batch_expire_rate,
         batch_fail_rate=args.batch_fail_rate,
         batch_line_error_rate=args.batch_line_error_rate,
+        batch_cancel_ended_refused=args.batch_cancel_ended_refused,
     )
     server = MockProviderServer(config)
 

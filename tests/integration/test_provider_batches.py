@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
+import openai
 import pytest
 from sqlalchemy import text
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from adapters.mock_provider.answers import chat_answer
+from ledger.daemon import run_daemon
 from ledger.store import Store
 from tests.integration.batch_helpers import attempts_t, batch_settings, batches_t, enqueue, requests_t, rows, run
 
@@ -224,4 +228,46 @@ def test_cost_from_the_price_table_online_and_for_unknown_models_none(db_url: st
     assert price.cost(1_000_000, 0, batch=True) == pytest.approx(1.25)  # half price in a batch
     assert unpriced["status"] == "completed" and unpriced["cost_usd"] is None
     assert store.unpriced_count() == 1
+    store.close()
+
+
+def test_a_cancel_the_provider_refuses_once_the_batch_ended_does_not_keep_its_results_from_coming_home(
+    db_url: str,
+) -> None:
+    """A cancel marked while the batch was running reaches the provider only after the batch has
+    ended (the daemon was stopped in between), and the provider refuses it. The poll looks at the
+    batch all the same: it ended, so its results are mapped back. Before, each poll stopped at the
+    refused cancel, noted the refusal and never looked: the requests stayed `submitted` for good."""
+    with running_mock_provider(batch_latency=0.3, batch_cancel_ended_refused=True) as mock:
+        enqueue(batch_settings(db_url, mock), [f"question {i}" for i in range(5)])
+        store = Store(db_url)
+
+        async def submit_then_stop() -> None:
+            stop = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    lambda: run_daemon(
+                        batch_settings(db_url, mock, LEDGER_BATCH_POLL_INTERVAL=60), stop=stop, handle_signals=False
+                    )
+                )
+                with anyio.fail_after(30):
+                    while not [b for b in rows(store, batches_t) if b["status"] == "submitted"]:
+                        await anyio.sleep(0.02)
+                stop.set()
+
+        anyio.run(submit_then_stop)
+        (batch,) = rows(store, batches_t)
+        assert [b["id"] for b in store.request_batch_cancel(batch_id=batch["id"])] == [batch["id"]]
+        client = openai.OpenAI(base_url=mock.openai_base_url, api_key="test-key")
+        deadline = time.monotonic() + 30  # the provider polled until the batch has ended
+        while client.batches.retrieve(str(batch["provider_batch_id"])).status != "completed":
+            assert time.monotonic() < deadline, "the provider's batch did not end"
+            time.sleep(0.05)
+        with pytest.raises(openai.BadRequestError):  # the provider refuses a cancel now
+            client.batches.cancel(str(batch["provider_batch_id"]))
+        run(batch_settings(db_url, mock), timeout=30)
+    (batch,) = rows(store, batches_t)
+    assert (batch["status"], batch["provider_status"], batch["poll_error"]) == ("completed", "completed", None)
+    assert batch["cancel_sent_at"] is None  # never taken
+    assert store.status_counts()["completed"] == 5
     store.close()
