@@ -23,6 +23,7 @@ from ledger.settings import Settings
 from ledger.spec import JobSpec, load_spec, spec_from_mapping
 from ledger.store import Store
 from tests.integration.batch_helpers import batch_settings, run
+from tests.integration.store_helpers import LogRecords
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "eval" / "spec.toml"
 
@@ -60,20 +61,10 @@ def expected_scores(store: Store, job_id: str) -> dict[tuple[str, str], int | No
     return found
 
 
-class Captured(logging.Handler):
-    """Every event line the ledger logs during a test (whatever logging set-up ran before)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
-def captured() -> Iterator[Captured]:
-    logger, handler = logging.getLogger("ledger.events"), Captured()
+def captured() -> Iterator[LogRecords]:
+    """Every event line the ledger logs during a test (whatever logging set-up ran before)."""
+    logger, handler = logging.getLogger("ledger.events"), LogRecords(logging.DEBUG)
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -82,7 +73,7 @@ def captured() -> Iterator[Captured]:
     logger.setLevel(level)
 
 
-def logged(captured: Captured, event: str) -> list[dict[str, Any]]:
+def logged(captured: LogRecords, event: str) -> list[dict[str, Any]]:
     """The fields of every `event` line the ledger logged."""
     return [
         fields
@@ -148,7 +139,9 @@ def test_partial_structured_answer_retries_only_the_missing(db_url: str, mock: R
     assert store.get_job("partial")["status"] == "completed"  # type: ignore[index]
 
 
-def test_corrupt_entry_is_logged_and_retried_alone(db_url: str, mock: RunningMockProvider, captured: Captured) -> None:
+def test_corrupt_entry_is_logged_and_retried_alone(
+    db_url: str, mock: RunningMockProvider, captured: LogRecords
+) -> None:
     settings = batch_settings(db_url, mock, BATCHING_ENABLED=True)
     store = Store(db_url)
     trigger(store, settings, small_spec("corrupt", system="Judge. [[mock:corrupt=1]]"))
@@ -163,7 +156,7 @@ def test_corrupt_entry_is_logged_and_retried_alone(db_url: str, mock: RunningMoc
 
 
 def test_persistent_failure_gives_a_failed_opinion_and_the_job_completes(
-    db_url: str, mock: RunningMockProvider, captured: Captured
+    db_url: str, mock: RunningMockProvider, captured: LogRecords
 ) -> None:
     settings = batch_settings(db_url, mock)
     store = Store(db_url)

@@ -19,6 +19,7 @@ from adapters.mock_provider.answers import chat_answer
 from ledger.daemon import run_daemon
 from ledger.store import Store
 from tests.integration.batch_helpers import attempts_t, batch_settings, batches_t, enqueue, requests_t, rows, run
+from tests.integration.store_helpers import LogRecords
 
 README = Path(__file__).parents[2] / "README.md"
 
@@ -186,19 +187,10 @@ def test_a_batch_failing_validation_fails_the_named_request_and_requeues_the_res
     store.close()
 
 
-class Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[dict[str, object]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.events.append(getattr(record, "event_fields", {}))
-
-
 def test_a_provider_without_a_batch_api_completes_the_requests_online(db_url: str, mock: RunningMockProvider) -> None:
     settings = batch_settings(db_url, mock)
     enqueue(settings, [f"o {i}" for i in range(6)], provider="openai-compatible", model="llama3")
-    collect, logger = Collect(), logging.getLogger("ledger.events")
+    collect, logger = LogRecords(logging.NOTSET), logging.getLogger("ledger.events")
     logger.addHandler(collect)
     try:
         run(settings)
@@ -209,7 +201,8 @@ def test_a_provider_without_a_batch_api_completes_the_requests_online(db_url: st
     assert all(r["status"] == "completed" and r["delivery"] == "online" for r in rows(store, requests_t))
     assert rows(store, batches_t) == []
     assert mock.stats()["calls"] == 6 and mock.stats()["batch_creates"] == {}
-    said = [e for e in collect.events if e.get("event") == "simulated_batching"]
+    events = [getattr(r, "event_fields", {}) for r in collect.records]
+    said = [e for e in events if e.get("event") == "simulated_batching"]
     assert len(said) == 1 and said[0]["provider"] == "openai-compatible"  # said once, for all six
     store.close()
 
