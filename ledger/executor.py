@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import anyio
@@ -58,8 +59,7 @@ class CallDeadlines:
     def start(self, key: Held, scope: anyio.CancelScope) -> None:
         """The call of `key` goes out now, in `scope`."""
         loop = asyncio.get_running_loop()
-        self._due.pop(key, None)  # (a key's earlier call is over: the order stays the start order)
-        self._due[key] = (loop.time() + self.timeout_s, scope)
+        self._due[key] = (loop.time() + self.timeout_s, scope)  # (`end` took a key's earlier call out)
         if self._timer is None or loop is not self._loop:  # (a timer of a loop gone never fires)
             self._set_timer(loop)
 
@@ -109,10 +109,10 @@ class CallContext:
     policy: RetryPolicy
     timeout_s: float
     prices: PriceTable
-    deadlines: CallDeadlines = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "deadlines", CallDeadlines(self.timeout_s))
+    @cached_property
+    def deadlines(self) -> CallDeadlines:
+        return CallDeadlines(self.timeout_s)
 
 
 def stored_call(

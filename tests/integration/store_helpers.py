@@ -4,6 +4,8 @@ ledger's log records, kept for a test to read."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ledger.enqueue import build_spec, to_row
@@ -18,15 +20,18 @@ def add_requests(
     job: str | None = None,
     prefix: str | None = None,
     max_tokens: int | None = None,
+    provider: str = "mock",
+    delivery: str = "online",
 ) -> None:
-    """`n` requests to pool `mock:<model>`, keyed `<prefix>-<i>` (the prefix defaults to the model)."""
+    """`n` requests to pool `<provider>:<model>`, keyed `<prefix>-<i>` (the prefix defaults to the model)."""
     prefix = prefix or model
     params: dict[str, Any] = {"max_tokens": max_tokens} if max_tokens else {}
     store.enqueue(
         to_row(
             build_spec(
                 model=model,
-                provider="mock",
+                provider=provider,
+                delivery=delivery,
                 job_id=job,
                 idempotency_key=f"{prefix}-{i}",
                 messages=[{"role": "user", "content": f"{prefix} {i}"}],
@@ -46,3 +51,14 @@ class LogRecords(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+@contextmanager
+def kept_records(logger: str, level: int) -> Iterator[LogRecords]:
+    """The records `logger` logs at `level` or above while in the block."""
+    records = LogRecords(level)
+    logging.getLogger(logger).addHandler(records)
+    try:
+        yield records
+    finally:
+        logging.getLogger(logger).removeHandler(records)

@@ -20,14 +20,13 @@ from sqlalchemy import event
 
 from adapters.mock_provider import running_mock_provider
 from ledger.batches import cancel_batches
-from ledger.enqueue import build_spec, to_row
 from ledger.record import DbLane
 from ledger.store import Store
 from ledger.store.batches import BatchGroup, BatchLease
 from ledger.store.queue import CancelResult
 from ledger.store.rows import Completed, Outcome, Written
 from tests.integration.batch_helpers import batch_settings, batches_t, rows
-from tests.integration.store_helpers import LogRecords
+from tests.integration.store_helpers import add_requests, kept_records
 
 T = TypeVar("T")
 
@@ -35,14 +34,28 @@ T = TypeVar("T")
 @pytest.fixture
 def store(pg_url: str) -> Iterator[Store]:
     s = Store(pg_url, ping_on_checkout=False)  # as the daemon opens it
-    s.enqueue(
-        to_row(
-            build_spec(model="m", provider="mock", idempotency_key=f"k{i}", messages=[{"role": "user", "content": "q"}])
-        )
-        for i in range(2)
-    )
+    add_requests(s, 2)
     yield s
     s.close()
+
+
+class _BackendCutter:
+    """Terminates one backend of the store's, once, at the first moment offered after `skip`."""
+
+    def __init__(self, admin_dsn: str, skip: int) -> None:
+        self.cuts: list[int] = []  # the backend pid cut, once it happened
+        self._offered = 0
+        self._skip = skip
+        self._admin = psycopg.connect(admin_dsn, autocommit=True)
+
+    def due(self) -> bool:
+        self._offered += 1
+        return not self.cuts and self._offered > self._skip
+
+    def cut(self, dbapi_connection: Any) -> None:
+        self.cuts.append(dbapi_connection.info.backend_pid)
+        self._admin.execute("SELECT pg_terminate_backend(%s)", (self.cuts[0],))
+        self._admin.close()
 
 
 def cut_connection_once(
@@ -51,17 +64,11 @@ def cut_connection_once(
     """Terminate the backend of the next transaction at `moment` ("begin", "statement" or "commit"),
     the `skip` such moments before it left alone (and, for a statement, only one that starts with
     `statement_starting`); returns a list that records each cut."""
-    cuts: list[int] = []
-    seen: list[int] = []
-    admin = psycopg.connect(admin_dsn, autocommit=True)
+    cutter = _BackendCutter(admin_dsn, skip)
 
     def cut(dbapi_connection: Any) -> None:
-        seen.append(1)
-        if not cuts and len(seen) > skip:
-            pid = dbapi_connection.info.backend_pid
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            admin.close()
-            cuts.append(pid)
+        if cutter.due():
+            cutter.cut(dbapi_connection)
 
     if moment == "begin":  # before the transaction's first statement goes out
 
@@ -82,28 +89,30 @@ def cut_connection_once(
         def _before_commit(conn: Any) -> None:
             cut(conn.connection.dbapi_connection)
 
-    return cuts
+    return cutter.cuts
 
 
 def lose_the_commit_answer_once(store: Store, admin_dsn: str, *, skip: int = 0) -> list[int]:
     """The next COMMIT (the `skip` before it left alone) lands, then its backend is terminated
     before the answer comes back; returns the backend pids cut (one, once it happened)."""
-    cuts: list[int] = []
-    seen: list[int] = []
-    admin = psycopg.connect(admin_dsn, autocommit=True)
+    cutter = _BackendCutter(admin_dsn, skip)
 
     @event.listens_for(store.engine, "commit")
     def _commit_then_cut(conn: Any) -> None:
-        seen.append(1)
-        if not cuts and len(seen) > skip:
+        if cutter.due():
             dbapi_connection = conn.connection.dbapi_connection
             dbapi_connection.commit()  # the server commits ...
             dbapi_connection.execute("SELECT 1")  # (so that the driver's own COMMIT goes to the server)
-            cuts.append(dbapi_connection.info.backend_pid)
-            admin.execute("SELECT pg_terminate_backend(%s)", (cuts[0],))  # ... and the answer is lost
-            admin.close()
+            cutter.cut(dbapi_connection)  # ... and the answer is lost
 
-    return cuts
+    return cutter.cuts
+
+
+def lose_a_commit(store: Store, admin_dsn: str, lost: str, *, skip: int = 0) -> list[int]:
+    """The next COMMIT (after `skip`) lost "before it landed" or lost "its answer"."""
+    if lost == "before it landed":
+        return cut_connection_once(store, "commit", admin_dsn, skip=skip)
+    return lose_the_commit_answer_once(store, admin_dsn, skip=skip)
 
 
 def invalidations(store: Store) -> list[BaseException | None]:
@@ -190,11 +199,7 @@ def test_a_lost_commit_of_a_job_step_is_resolved_not_fatal_and_never_run_twice(
     start it. The step learns its transaction id first, so a lost COMMIT is asked about: not
     landed, it runs again; landed, its own answer stands. Before, either stopped the daemon."""
     store.stage_job({"id": "j"}, [], capacity=5, daily_budget=None)
-    cuts = (
-        cut_connection_once(store, "commit", pg_dsn)
-        if lost == "before it landed"
-        else lose_the_commit_answer_once(store, pg_dsn)
-    )
+    cuts = lose_a_commit(store, pg_dsn, lost)
     invalidated = invalidations(store)  # the driver's COMMIT did fail: its answer never came
     calls: list[int] = []
     started = anyio.run(
@@ -231,18 +236,7 @@ def test_a_connection_cut_under_a_group_commit_sent_in_one_round_trip_is_tried_a
 
 def batch_group(store: Store, n: int = 2) -> BatchGroup:
     """`n` queued batch requests for openai, as one group due for a batch."""
-    store.enqueue(
-        to_row(
-            build_spec(
-                model="gpt-4o-mini",
-                provider="openai",
-                delivery="batch",
-                idempotency_key=f"b{i}",
-                messages=[{"role": "user", "content": f"batch question {i}"}],
-            )
-        )
-        for i in range(n)
-    )
+    add_requests(store, n, model="gpt-4o-mini", provider="openai", delivery="batch")
     (group,) = store.batch_groups(0)
     return group
 
@@ -269,11 +263,7 @@ def test_a_lost_commit_of_a_batch_step_is_resolved_not_fatal_and_never_run_twice
     else:
         lease = opened(store)
         run = lambda: store.mark_submitted(lease, "batch_abc", "validating", 60.0)  # noqa: E731
-    cuts = (
-        cut_connection_once(store, "commit", pg_dsn)
-        if lost == "before it landed"
-        else lose_the_commit_answer_once(store, pg_dsn)
-    )
+    cuts = lose_a_commit(store, pg_dsn, lost)
     invalidated = invalidations(store)
     calls: list[int] = []
     answer = anyio.run(DbLane(retry_seconds=10).run, counted(calls, run))
@@ -299,17 +289,11 @@ def test_a_failed_statistics_refresh_after_an_attach_leaves_the_attach_as_it_is(
     ids = store.group_request_ids(group, 10)
     if cut == "during it":
         cuts = cut_connection_once(store, "statement", pg_dsn, statement_starting="ANALYZE")
-    elif cut == "at its COMMIT, before it landed":
-        cuts = cut_connection_once(store, "commit", pg_dsn, skip=1)  # the attach's own COMMIT goes through
-    else:
-        cuts = lose_the_commit_answer_once(store, pg_dsn, skip=1)
+    else:  # the attach's own COMMIT goes through
+        cuts = lose_a_commit(store, pg_dsn, cut.removeprefix("at its COMMIT, "), skip=1)
     calls: list[int] = []
-    warnings = LogRecords(logging.WARNING)
-    logging.getLogger("ledger.store").addHandler(warnings)
-    try:
+    with kept_records("ledger.store", logging.WARNING) as warnings:
         attached = anyio.run(DbLane(retry_seconds=10).run, counted(calls, lambda: store.attach(lease, ids, 100)))
-    finally:
-        logging.getLogger("ledger.store").removeHandler(warnings)
     assert len(cuts) == 1 and len(calls) == 1
     (said,) = [r for r in warnings.records if r.getMessage() == "statistics not refreshed after attaching a batch"]
     assert said.details["batch_id"] == lease.id  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ from ledger.store import Store
 from ledger.store.dialect import CLAIM_LOCK
 from ledger.store.queue import CancelResult
 from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Completed, RetryLater, Written
-from tests.integration.store_helpers import LogRecords, add_requests
+from tests.integration.store_helpers import add_requests, kept_records
 
 LIMITS: dict[str, Any] = {"global_limit": 5, "pool_limit": lambda _: 5, "max_attempts": 3, "max_claims": 5}
 
@@ -384,8 +384,6 @@ def test_a_renewal_that_sees_answered_requests_finish_cuts_nothing_off(db_url: s
     keeper = LeaseKeeper(store, settings, "daemon", recorder.in_hand)
     for request in (answered, working):
         keeper.hold((request.id, request.token), time.monotonic())
-    warnings = LogRecords(logging.WARNING)
-    ledger_log = logging.getLogger("ledger")
 
     async def renewal_between_commit_and_answer() -> None:
         async with anyio.create_task_group() as tg:
@@ -398,11 +396,8 @@ def test_a_renewal_that_sees_answered_requests_finish_cuts_nothing_off(db_url: s
             keeper._let_go(set(keys) - set(renewed))
             await recorder.flush()
 
-    ledger_log.addHandler(warnings)
-    try:
+    with kept_records("ledger", logging.WARNING) as warnings:
         anyio.run(renewal_between_commit_and_answer)
-    finally:
-        ledger_log.removeHandler(warnings)
     assert [r.getMessage() for r in warnings.records if "cut off" in r.getMessage()] == []
     assert (working.id, working.token) in keeper.held()
 

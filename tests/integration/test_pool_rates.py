@@ -27,6 +27,14 @@ from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, RetryLa
 from tests.integration.store_helpers import add_requests
 
 POOL = "mock:m"
+# The slow-start tests' limits: room enough that only the ramp holds a pool back.
+SIXTEEN_SLOTS: dict[str, Any] = {
+    "lease_seconds": 30,
+    "global_limit": 16,
+    "pool_limit": lambda _: 16,
+    "max_attempts": 5,
+    "max_claims": 16,
+}
 
 
 @pytest.fixture
@@ -126,9 +134,8 @@ def test_a_group_commit_whose_answers_prove_the_peak_opens_one_more_at_once(stor
     own claim sees every slot of the peak busy until its answers, and opens one more then."""
     store.pool_rules = PoolRules(slow_start=True)
     add_requests(store, 20)
-    limits = {"lease_seconds": 30, "global_limit": 16, "pool_limit": lambda _: 16, "max_attempts": 5, "max_claims": 16}
-    (call,) = store.claim("w", **limits).requests  # the peak is 1
-    recorded = store.record([Completed(call, 1, "ok", 5)], claim_for="w", **limits)
+    (call,) = store.claim("w", **SIXTEEN_SLOTS).requests  # the peak is 1
+    recorded = store.record([Completed(call, 1, "ok", 5)], claim_for="w", **SIXTEEN_SLOTS)
     assert recorded.claim is not None and len(recorded.claim.requests) == 2  # refilled, and one more
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT peak FROM llm_pools")).scalar_one() == 2
@@ -140,11 +147,10 @@ def test_answers_at_a_full_peak_open_a_slot_more_each_a_step_at_a_time(store: St
     and a peak already at the provider's ceiling oversteps it by at most the step."""
     store.pool_rules = PoolRules(slow_start=True)
     add_requests(store, 60)
-    limits = {"lease_seconds": 30, "global_limit": 16, "pool_limit": lambda _: 16, "max_attempts": 5, "max_claims": 16}
-    in_flight = store.claim("w", **limits).requests
+    in_flight = store.claim("w", **SIXTEEN_SLOTS).requests
     sizes = []
     for _ in range(6):
-        recorded = store.record([Completed(r, 1, "ok", 5) for r in in_flight], claim_for="w", **limits)
+        recorded = store.record([Completed(r, 1, "ok", 5) for r in in_flight], claim_for="w", **SIXTEEN_SLOTS)
         assert recorded.claim is not None
         in_flight = recorded.claim.requests
         sizes.append(len(in_flight))
@@ -155,13 +161,12 @@ def test_answers_while_part_of_the_peak_is_idle_only_refill(store: Store) -> Non
     """Growth needs the whole peak busy: an answer from a pool that had an idle slot proves nothing."""
     store.pool_rules = PoolRules(slow_start=True)
     add_requests(store, 2)
-    limits = {"lease_seconds": 30, "global_limit": 16, "pool_limit": lambda _: 16, "max_attempts": 5, "max_claims": 16}
-    (a,) = store.claim("w", **limits).requests
-    (b,) = store.claim("w", **limits).requests  # one busy = the peak: one more, the peak is 2
-    drained = store.record([Completed(a, 1, "ok", 5)], claim_for="w", **limits)
+    (a,) = store.claim("w", **SIXTEEN_SLOTS).requests
+    (b,) = store.claim("w", **SIXTEEN_SLOTS).requests  # one busy = the peak: one more, the peak is 2
+    drained = store.record([Completed(a, 1, "ok", 5)], claim_for="w", **SIXTEEN_SLOTS)
     assert drained.claim is not None and drained.claim.requests == []  # nothing queued: a slot stays idle
     add_requests(store, 10, prefix="more")
-    recorded = store.record([Completed(b, 1, "ok", 5)], claim_for="w", **limits)
+    recorded = store.record([Completed(b, 1, "ok", 5)], claim_for="w", **SIXTEEN_SLOTS)
     assert recorded.claim is not None and len(recorded.claim.requests) == 2  # refilled to the peak only
 
 

@@ -19,7 +19,7 @@ from adapters.mock_provider.answers import chat_answer
 from ledger.daemon import run_daemon
 from ledger.store import Store
 from tests.integration.batch_helpers import attempts_t, batch_settings, batches_t, enqueue, requests_t, rows, run
-from tests.integration.store_helpers import LogRecords
+from tests.integration.store_helpers import kept_records
 
 README = Path(__file__).parents[2] / "README.md"
 
@@ -190,12 +190,8 @@ def test_a_batch_failing_validation_fails_the_named_request_and_requeues_the_res
 def test_a_provider_without_a_batch_api_completes_the_requests_online(db_url: str, mock: RunningMockProvider) -> None:
     settings = batch_settings(db_url, mock)
     enqueue(settings, [f"o {i}" for i in range(6)], provider="openai-compatible", model="llama3")
-    collect, logger = LogRecords(logging.NOTSET), logging.getLogger("ledger.events")
-    logger.addHandler(collect)
-    try:
+    with kept_records("ledger.events", logging.NOTSET) as collect:
         run(settings)
-    finally:
-        logger.removeHandler(collect)
 
     store = Store(db_url)
     assert all(r["status"] == "completed" and r["delivery"] == "online" for r in rows(store, requests_t))
