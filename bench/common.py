@@ -37,7 +37,8 @@ def fresh_database(kind: str, dsn: str = PG_DSN) -> Iterator[str]:
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
-def specs(n: int, provider: str = "openai", model: str = "gpt-4o-mini") -> list[RequestSpec]:
+def specs(n: int, provider: str = "openai", model: str = "gpt-4o-mini", first: int = 0) -> list[RequestSpec]:
+    """`n` requests, keyed and numbered from `first` (a later batch for the same ledger)."""
     return [
         build_spec(
             provider=provider,
@@ -46,5 +47,5 @@ def specs(n: int, provider: str = "openai", model: str = "gpt-4o-mini") -> list[
             messages=[{"role": "user", "content": f"Evaluate item {i}."}],
             trace={"agent": f"agent-{i % 3}", "dimension": f"dim-{i}"},
         )
-        for i in range(n)
+        for i in range(first, first + n)
     ]

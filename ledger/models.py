@@ -94,6 +94,12 @@ def _check(column: str, enum: type[StrEnum]) -> CheckConstraint:
     return CheckConstraint(f"{column} IN ({values})", name=f"{column}_valid")
 
 
+def _where_set(column: str) -> dict[str, Any]:
+    """A partial index's predicate, on both databases: the rows where `column` is set."""
+    where = text(f"{column} IS NOT NULL")
+    return {"postgresql_where": where, "sqlite_where": where}
+
+
 def _ts(nullable: bool = True, default_now: bool = False) -> Any:
     return Field(
         default=None,
@@ -201,8 +207,10 @@ class LlmRequest(SQLModel, table=True):
         Index("ix_llm_requests_inflight", "status", "endpoint"),
         Index("ix_llm_requests_job", "job_id", "created_at"),
         Index("ix_llm_requests_created", "created_at"),
-        Index("ix_llm_requests_batch", "batch_id"),
-        Index("ix_llm_requests_completed", "completed_at"),
+        # Only where set (decision 75): an online row never has a batch id, and has a completion
+        # time only at the end; on PostgreSQL every UPDATE of a request would write them an entry.
+        Index("ix_llm_requests_batch", "batch_id", **_where_set("batch_id")),
+        Index("ix_llm_requests_completed", "completed_at", **_where_set("completed_at")),
     )
 
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))

@@ -14,7 +14,6 @@ the database's own work.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from sqlalchemy.engine import Connection, Engine
 from ledger.models import AttemptOutcome, Delivery, Job, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.commit import transaction
-from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, json_rows, unindexed
+from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, json_rows, read_json, unindexed
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -86,11 +85,8 @@ def _json_value(value: Any) -> Any:
     """A JSON column's value as read: parsed already (SQLAlchemy's result processing, psycopg's
     JSONB), or its text (SQLite's hot statements run on the driver's cursor, with no result
     processing: `Dialect.run_all`). These columns always hold an object or null, never a bare
-    JSON string, so text is always to parse. A JSON null (params and response format left
-    unset) is the usual text, taken as it is: parsing it was a quarter of `to_claimed`."""
-    if value == "null":
-        return None
-    return json.loads(value) if isinstance(value, str) else value
+    JSON string, so text is always to parse."""
+    return read_json(value) if isinstance(value, str) else value
 
 
 def to_claimed(row: Any) -> ClaimedRequest:
@@ -106,7 +102,7 @@ def to_claimed(row: Any) -> ClaimedRequest:
         input=_json_value(row.input),
         params=_json_value(row.params) or {},
         response_format=_json_value(row.response_format),
-        trace=_json_value(row.trace) or {},
+        stored_trace=row.trace,
     )
 
 

@@ -126,6 +126,9 @@ class PoolRoom:
     taken: dict[str, int] = field(default_factory=dict)
     taken_tokens: dict[str, int] = field(default_factory=dict)
     estimates: dict[int, int] = field(default_factory=dict)  # request id -> tokens reserved
+    # Each pool's `limit`, worked out once per claim: it is asked for every candidate (issue 9).
+    # Sound because `_limit` reads only what `read` fixed, never what the claim takes.
+    limits: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def read(
@@ -165,6 +168,12 @@ class PoolRoom:
 
     def limit(self, endpoint: str) -> int:
         """The pool's slots: configured, lowered by what it learned, opened a few at a time in slow start."""
+        known = self.limits.get(endpoint)
+        if known is None:
+            known = self.limits[endpoint] = self._limit(endpoint)
+        return known
+
+    def _limit(self, endpoint: str) -> int:
         limit = min(self.pool_limit(endpoint), self.learned.get(endpoint, self.global_limit))
         peak = self.peaks.get(endpoint, 0)
         if self.rules.slow_start and peak < limit:

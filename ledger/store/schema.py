@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
-from ledger.store.dialect import Dialect, configure_engine
+from ledger.store.dialect import Dialect, configure_engine, read_json
 
 MIGRATE_LOCK_KEY = 7_391_046_222
 
@@ -104,7 +104,7 @@ def make_engine(
         parsed = make_url(normalized)
         if parsed.get_driver_name() == "psycopg":
             kwargs["connect_args"] = {k: v for k, v in LIBPQ_DEAD_HOST_LIMITS.items() if k not in parsed.query}
-    engine = create_engine(normalized, **kwargs)
+    engine = create_engine(normalized, json_deserializer=read_json, **kwargs)
     return engine, configure_engine(engine, idle_in_transaction_s)
 
 

@@ -338,6 +338,41 @@ def test_postgresql_counts_running_requests_without_revisiting_those_finished_si
         store.close()
 
 
+def test_postgresql_online_requests_write_no_entries_to_the_batch_index_which_lookups_still_use(pg_url: str) -> None:
+    """Every UPDATE that changes an indexed column (a claim, an outcome) gives the row a new entry
+    in every index that covers it: online requests have no batch id, so a batch index over every
+    row grew by three entries a request for nothing (decision 75). Indexed only where set, it
+    stays empty through a run, and a lookup by batch id (or by completion time, the budget's)
+    still goes through its index, in the generic plan a prepared statement ends up with too."""
+    store = Store(pg_url)
+    try:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE llm_requests SET (autovacuum_enabled = false)")
+        add_requests(store, 2000)
+        limits = {"global_limit": 50, "pool_limit": lambda _: 50, "max_claims": 50, **LIMITS}
+        while taken := store.claim("w", **limits).requests:
+            store.record([Completed(r, r.attempt, "ok", 1) for r in taken])
+        assert store.status_counts()["completed"] == 2000
+        with store.engine.connect() as conn:
+            size = "SELECT pg_relation_size('{}') / 8192"
+            assert conn.exec_driver_sql(size.format("ix_llm_requests_batch")).scalar_one() == 1  # its metapage
+            assert conn.exec_driver_sql(size.format("ix_llm_requests_completed")).scalar_one() > 2
+            # Whether the index is the cheapest way is the planner's estimate; whether it can be used
+            # at all (its predicate implied by the lookup's) is what this asks.
+            conn.exec_driver_sql("SET enable_seqscan = off")
+            conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+            conn.exec_driver_sql("PREPARE by_batch(bigint) AS SELECT id FROM llm_requests WHERE batch_id = $1")
+            conn.exec_driver_sql(
+                "PREPARE since(timestamptz) AS SELECT count(*) FROM llm_requests WHERE completed_at >= $1"
+            )
+            lookups = [("by_batch(1)", "ix_llm_requests_batch"), ("since(now())", "ix_llm_requests_completed")]
+            for query, index in lookups:
+                plan = "\n".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN EXECUTE {query}"))
+                assert index in plan, plan
+    finally:
+        store.close()
+
+
 def test_postgresql_plans_by_key_the_hot_statements_and_not_the_rest_of_their_transaction(pg_url: str) -> None:
     """The planner settings of the hot statements (`run_all`) hold for them alone, sent as one
     query or, with long outputs, one by one: a budget's OR of two indexes later in the same

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection
 from typer.testing import CliRunner
 
 from ledger.cli import app
 from ledger.models import metadata
-from ledger.store.schema import head_revision, make_engine, upgrade
+from ledger.store.schema import alembic_config, head_revision, make_engine, upgrade
 
 
 def test_migrations_match_the_models(db_url: str) -> None:
@@ -19,6 +21,41 @@ def test_migrations_match_the_models(db_url: str) -> None:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata)
     engine.dispose()
     assert diff == []
+
+
+PARTIAL_INDEXES = {"ix_llm_requests_batch": "batch_id", "ix_llm_requests_completed": "completed_at"}
+
+
+def _request_index_sql(conn: Connection, name: str) -> str:
+    if conn.dialect.name == "postgresql":
+        return str(conn.execute(text("SELECT pg_get_indexdef(CAST(:n AS regclass))"), {"n": name}).scalar_one())
+    return str(conn.execute(text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": name}).scalar_one())
+
+
+def test_the_batch_and_completion_indexes_are_partial_in_the_models_and_the_migrations_both_ways(db_url: str) -> None:
+    """`compare_metadata` does not compare index predicates: the models and the migrations must
+    both say `IS NOT NULL` (decision 75), and a downgrade must give the whole indexes back."""
+    table = metadata.tables["llm_requests"]
+    for name, column in PARTIAL_INDEXES.items():
+        (index,) = [i for i in table.indexes if i.name == name]
+        for dialect in ("postgresql", "sqlite"):
+            assert str(index.dialect_options[dialect]["where"]) == f"{column} IS NOT NULL"
+    engine, _ = make_engine(db_url)
+    assert upgrade(engine) is True
+    cfg = alembic_config()
+    with engine.connect() as conn:
+        for name, column in PARTIAL_INDEXES.items():
+            assert f"{column} IS NOT NULL" in _request_index_sql(conn, name)
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0006")
+        conn.commit()
+        for name in PARTIAL_INDEXES:
+            assert "WHERE" not in _request_index_sql(conn, name).upper()
+        command.upgrade(cfg, "head")
+        conn.commit()
+        for name, column in PARTIAL_INDEXES.items():
+            assert f"{column} IS NOT NULL" in _request_index_sql(conn, name)
+    engine.dispose()
 
 
 def test_upgrade_is_idempotent_and_creates_the_audit_view(db_url: str) -> None:
