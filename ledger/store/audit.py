@@ -20,6 +20,7 @@ from ledger.models import (
     LlmRequest,
     RequestStatus,
 )
+from ledger.store.commit import reading
 from ledger.store.dialect import db_now
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -64,12 +65,12 @@ class AuditQueries:
             query = query.where(requests.c.status == status)
         if job_id is not None:
             query = query.where(requests.c.job_id == job_id)
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return [dict(row._mapping) for row in conn.execute(query)]
 
     def get_request(self, request_id: int) -> dict[str, Any] | None:
         """The request with every column, and its attempts in order."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             row = conn.execute(select(requests).where(requests.c.id == request_id)).first()
             if row is None:
                 return None
@@ -89,7 +90,7 @@ class AuditQueries:
             query = select(requests).where(requests.c.id > last_id).order_by(requests.c.id).limit(chunk)
             if job_id is not None:
                 query = query.where(requests.c.job_id == job_id)
-            with self.engine.connect() as conn:
+            with reading(self.engine) as conn:
                 rows = [dict(row._mapping) for row in conn.execute(query)]
             if not rows:
                 return
@@ -100,7 +101,7 @@ class AuditQueries:
         query = select(requests.c.status, func.count()).group_by(requests.c.status)
         if job_id is not None:
             query = query.where(requests.c.job_id == job_id)
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             counts = {status.value: 0 for status in RequestStatus}
             counts.update({status: int(n) for status, n in conn.execute(query).all()})
             return counts
@@ -121,7 +122,7 @@ class AuditQueries:
         query = select(func.count()).select_from(requests).where(*where)
         if job_id is not None:
             query = query.where(requests.c.job_id == job_id)
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return int(conn.execute(query).scalar_one())
 
     def list_batches(self, limit: int = 100) -> list[dict[str, Any]]:
@@ -153,7 +154,7 @@ class AuditQueries:
             .order_by(view.c.id.desc())
             .limit(limit)
         )
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             now = conn.execute(select(db_now())).scalar_one()
             found = []
             for row in conn.execute(query):
@@ -164,7 +165,7 @@ class AuditQueries:
             return found
 
     def attempt_count(self) -> int:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return int(conn.execute(select(func.count()).select_from(attempts)).scalar_one())
 
     def work_by_worker(self) -> dict[str, dict[str, int]]:
@@ -183,14 +184,14 @@ class AuditQueries:
         )
         answered = func.sum(case((a.c.outcome == AttemptOutcome.SUCCEEDED.value, 1), else_=0))
         takeovers = func.sum(case((took_over, 1), else_=0))
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             rows = conn.execute(select(a.c.worker, answered, takeovers).group_by(a.c.worker).order_by(a.c.worker))
             return {str(w): {"answered": int(n or 0), "takeovers": int(t or 0)} for w, n, t in rows}
 
     def pool_usage(self) -> dict[str, dict[str, Any]]:
         """Per endpoint: running (busy slots), queued, cooldown end if cooling down, learned limit."""
         c = requests.c
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             usage: dict[str, dict[str, Any]] = {}
             for endpoint, status, n in conn.execute(
                 select(c.endpoint, c.status, func.count())
@@ -226,7 +227,7 @@ class AuditQueries:
             )
             .group_by(c.endpoint)
         )
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             by_status = conn.execute(select(c.endpoint, c.status, func.count()).group_by(c.endpoint, c.status))
             counts = {(str(endpoint), str(status)): int(n) for endpoint, status, n in by_status}
             ready = {str(endpoint): int(n) for endpoint, n in conn.execute(due)}

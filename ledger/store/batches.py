@@ -40,7 +40,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ledger.models import AttemptOutcome, BatchStatus, Delivery, LlmBatch, RequestStatus
 from ledger.store.claim import QUEUED, Budget, attempts, requests
-from ledger.store.commit import any_row, transaction
+from ledger.store.commit import any_row, reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus, json_param, json_rows, unindexed
 from ledger.store.schema import one_line
 
@@ -151,7 +151,7 @@ class BatchQueries:
             .group_by(*key)
             .order_by(func.min(_r.next_attempt_at))
         )
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return [BatchGroup(p, m, k, j, int(n), bool(w)) for p, m, k, j, n, w in conn.execute(query)]
 
     def open_batch(self, group: BatchGroup, worker: str, lease_seconds: float, submit_key: str) -> BatchLease:
@@ -192,7 +192,7 @@ class BatchQueries:
             .order_by(_r.priority.desc(), _r.fair_seq, _r.id)
             .limit(limit)
         )
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return list(conn.execute(query).scalars())
 
     def request_inputs(self, ids: Sequence[int]) -> list[Any]:
@@ -200,14 +200,14 @@ class BatchQueries:
         query = select(_r.id, _r.model, _r.input, _r.params, _r.response_format).where(
             _r.id.in_(bindparam("b_ids", expanding=True))
         )
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             found = {row.id: row for row in conn.execute(query, {"b_ids": list(ids)})}
         return [found[i] for i in ids if i in found]
 
     def batch_request_ids(self, batch_id: int) -> list[int]:
         """The requests attached to a batch and still waiting for it, in id order (its input's order)."""
         query = select(_r.id).where(_r.batch_id == batch_id, _r.status == SUBMITTED).order_by(_r.id)
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return list(conn.execute(query).scalars())
 
     def attach(
@@ -400,7 +400,7 @@ class BatchQueries:
             )
 
     def get_batch(self, batch_id: int) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             row = conn.execute(select(batches).where(_b.id == batch_id)).first()
             return dict(row._mapping) if row is not None else None
 

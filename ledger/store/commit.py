@@ -20,7 +20,14 @@ go, a worker retired, the batch loop's idle poll) is simply run again. A daemon'
 idle loops commit such transactions every poll interval, and before this a backend
 terminated at one of those COMMITs stopped the daemon.
 
-Also here: `any_row`, the reads that only ask whether something exists.
+A session the server ended because it sat idle inside a transaction (SQLSTATE 25P03, a
+daemon frozen past `idle_in_transaction_session_timeout`, see `dialect.configure_engine`)
+was rolled back by the server's own word: the COMMIT was never read. That lost COMMIT is
+`CommitNotApplied` with or without a known id, and a read's closing ROLLBACK that finds its
+connection gone is no error at all (`reading`): the rows were in hand and nothing was written.
+Before this a daemon frozen inside one of its idle loops' reads stopped when it woke.
+
+Also here: `reading`, and `any_row`, the reads that only ask whether something exists.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from ledger.store.dialect import XID_KEY, CommitNotApplied, CommitRerunnable, CommitUnknown, Dialect
 
 LOG = logging.getLogger("ledger.store")
+# PostgreSQL's SQLSTATE for a session ended by `idle_in_transaction_session_timeout`.
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
 # How long to keep asking a restarting server what became of a transaction.
 RESOLVE_WITHIN_S = 60.0
 
@@ -70,6 +79,8 @@ def transaction(
         except DBAPIError as exc:
             if not exc.connection_invalidated:
                 raise
+            if _ended_while_idle(exc):
+                raise CommitNotApplied("COMMIT", None, exc.orig or exc) from exc
             if xid is None:
                 if rerunnable:
                     raise CommitRerunnable("COMMIT", None, exc.orig or exc) from exc
@@ -84,6 +95,28 @@ def transaction(
             LOG.warning(
                 "COMMIT answer lost; the server says the transaction committed", extra={"details": {"xid": xid}}
             )
+
+
+@contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """`engine.connect()` for reads: the ROLLBACK that ends the read may find the connection
+    lost (the session ended while the daemon was frozen inside the read, a server restart) and
+    that loses nothing. A statement that fails is still an error, which the lane retries."""
+    conn = engine.connect()
+    try:
+        yield conn
+    finally:
+        try:
+            conn.close()
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            LOG.debug("a read's connection was gone at its end: %s", exc.orig)
+
+
+def _ended_while_idle(exc: DBAPIError) -> bool:
+    """The server ended the session for sitting idle in its transaction: it never read the COMMIT."""
+    return getattr(exc.orig, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT
 
 
 class _StillInProgress(Exception):
@@ -113,5 +146,5 @@ def _committed(engine: Engine, dialect: Dialect, xid: str) -> bool:
 def any_row(engine: Engine, *queries: Select[Any]) -> bool:
     """Whether any of `queries` finds a row: asked in order on one connection, stopping at the
     first that does (put the cheap ones first)."""
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         return any(conn.execute(query.limit(1)).first() is not None for query in queries)

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.fingerprint import BODY_FIELDS, body_hash
 from ledger.models import Job, LlmRequest
-from ledger.store.commit import transaction
+from ledger.store.commit import reading, transaction
 from ledger.store.dialect import Dialect
 from ledger.store.queue import max_fair_seq, queued_count
 
@@ -84,20 +84,20 @@ class IntakeQueries:
     def known_keys(self, keys: list[str]) -> dict[str, Known]:
         """Which of `keys` the ledger holds (one short read per KEYS_PER_LOOKUP keys)."""
         found: dict[str, Known] = {}
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             for i in range(0, len(keys), KEYS_PER_LOOKUP):
                 found |= _known(conn, keys[i : i + KEYS_PER_LOOKUP])
         return found
 
     def stored_body(self, request_id: int) -> dict[str, Any]:
         """A request's body fields as stored (to name what a conflict differs in)."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return dict(conn.execute(_BODIES, {"b_ids": [request_id]}).one()._mapping)
 
     def next_fair_seqs(self, job_ids: Iterable[str | None]) -> dict[str | None, int]:
         """Per job, the `fair_seq` its next request gets: read once per enqueue, then counted
         on by the caller (the column orders claims fairly; it need not be unique)."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return {job_id: max_fair_seq(conn, job_id) + 1 for job_id in job_ids}
 
     def insert_chunk(self, rows: list[tuple[Any, ...]], hashes: dict[str, str], job_ids: set[str]) -> ChunkWritten:
@@ -121,7 +121,7 @@ class IntakeQueries:
         return ChunkWritten(new, len(skipped))
 
     def queue_depth(self) -> int:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return queued_count(conn)
 
 

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import FINAL_STATUSES, Job, JobStatus, Opinion, RequestStatus
 from ledger.store.claim import job_spent, requests, spent_today, workers
-from ledger.store.commit import transaction
+from ledger.store.commit import reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus
 from ledger.store.queue import EnqueueResult
 
@@ -136,11 +136,11 @@ class JobQueries:
     # -- reading ---------------------------------------------------------------
 
     def active_jobs(self) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return [dict(r._mapping) for r in conn.execute(select(jobs).where(_ACTIVE).order_by(jobs.c.created_at))]
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
             return dict(row._mapping) if row is not None else None
 
@@ -150,33 +150,33 @@ class JobQueries:
         done = func.sum(case((c.status.in_(FINAL_STATUSES), 1), else_=0))
         spending = (RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value)  # online, or in a provider batch
         running = func.sum(case((c.status.in_(spending), 1), else_=0))
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             row = conn.execute(select(func.count(), done, running).where(c.job_id == job_id)).one()
             spent = job_spent(conn, job_id)
         total, finished, in_flight = (int(x or 0) for x in row)
         return {"total": total, "done": finished, "open": total - finished, "running": in_flight, "spent_usd": spent}
 
     def job_requests(self, job_id: str) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             query = select(*_PARSE_COLUMNS).where(requests.c.job_id == job_id).order_by(requests.c.id)
             return [dict(r._mapping) for r in conn.execute(query)]
 
     def cheapest_waiting(self, job_id: str) -> float | None:
         """The smallest estimate among the job's queued requests (None: none waits, or none priced)."""
         c = requests.c
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             found = conn.execute(
                 select(func.min(c.estimate_usd)).where(c.job_id == job_id, c.status == RequestStatus.QUEUED.value)
             ).scalar_one()
         return None if found is None else float(found)
 
     def spend_today(self) -> float:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return spent_today(conn)
 
     def live_daemons(self, within_s: float) -> int:
         """Daemons whose heartbeat is younger than `within_s` (a lease): is anyone working?"""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return int(
                 conn.execute(select(func.count()).where(workers.c.heartbeat_at > db_now_plus(-within_s))).scalar_one()
             )
@@ -192,11 +192,11 @@ class JobQueries:
         )
         query = select(*_RESULT_COLUMNS, case((settled, True), else_=False).label("settled")).order_by(c.id)
         query = query.where(c.id.in_(ids)) if ids is not None else query.where(c.job_id == job_id)
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
 
     def opinions(self, job_id: str) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             query = select(opinions).where(opinions.c.job_id == job_id).order_by(opinions.c.id)
             return [dict(r._mapping) for r in conn.execute(query)]
 

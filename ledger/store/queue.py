@@ -36,7 +36,7 @@ from sqlalchemy.sql.expression import ColumnClause
 from ledger.models import AttemptOutcome, Delivery, Job, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
-from ledger.store.commit import transaction
+from ledger.store.commit import reading, transaction
 from ledger.store.dialect import db_now, db_now_plus, json_param, json_rows, storable, unindexed
 from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater, Written
 
@@ -300,7 +300,7 @@ class QueueQueries(ClaimQueries):
         return EnqueueResult(inserted, seen - inserted, queued_count(conn), kept if len(kept) == inserted else [])
 
     def id_for_key(self, idempotency_key: str) -> int:
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return int(
                 conn.execute(select(requests.c.id).where(requests.c.idempotency_key == idempotency_key)).scalar_one()
             )
@@ -505,7 +505,7 @@ class QueueQueries(ClaimQueries):
 
     def online_providers(self) -> set[str]:
         """Providers with online work waiting: the adapters a starting daemon should build first."""
-        with self.engine.connect() as conn:
+        with reading(self.engine) as conn:
             return set(conn.execute(self._online_work(requests.c.provider).distinct()).scalars())
 
     @staticmethod

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
+import anyio
+from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from ledger.enqueue import build_spec, to_row
+from ledger.record import DbLane
 from ledger.store import Store
+from ledger.store.commit import reading, transaction
+from tests.acceptance.procs import wait_for
 
 LIMITS = {"lease_seconds": 30.0, "global_limit": 5, "pool_limit": lambda _: 5, "max_attempts": 3, "max_claims": 5}
 FREEZE_S = 4.0
@@ -71,3 +77,55 @@ def test_ledgers_in_two_schemas_of_one_database_do_not_share_the_claim_lock(pg_u
             mine.close()
         finally:
             admin.execute(f'DROP SCHEMA "{other_schema}" CASCADE')
+
+
+def _frozen_until_the_server_ends_the_session(conn: Connection, watcher: Store) -> None:
+    """A freeze inside a transaction (SIGSTOP, a VM pause), held until the server has ended the
+    session for idling in it: no statement runs meanwhile."""
+    pid = conn.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
+    alive = text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+
+    def ended() -> bool:
+        with watcher.engine.connect() as look:
+            return bool(look.execute(alive, {"pid": pid}).scalar_one() == 0)
+
+    wait_for(ended, timeout=10)
+
+
+def test_a_read_frozen_past_the_idle_bound_keeps_its_rows_and_the_store_goes_on(pg_url: str) -> None:
+    """The CI failure of the frozen-daemon acceptance test: a daemon frozen inside one of its idle
+    loops' reads woke to a dead connection at the read's closing ROLLBACK and stopped (exit 1)."""
+    frozen, watcher = Store(pg_url, idle_in_transaction_s=0.2), Store(pg_url)
+    frozen.enqueue([to_row(build_spec(model="m", provider="mock", messages=[{"role": "user", "content": "r"}]))])
+    with reading(frozen.engine) as conn:
+        rows = conn.execute(text("SELECT id FROM llm_requests")).all()
+        _frozen_until_the_server_ends_the_session(conn, watcher)
+    assert len(rows) == 1
+    assert frozen.status_counts()["queued"] == 1  # the next read gets a fresh connection
+    frozen.close()
+    watcher.close()
+
+
+def test_a_write_frozen_past_the_idle_bound_is_not_applied_and_the_lane_runs_it_again(pg_url: str) -> None:
+    """The server never read that COMMIT (it said so, SQLSTATE 25P03): nothing was written, so the
+    daemon's lane runs the write again instead of stopping, even without the transaction's id."""
+    frozen, watcher = Store(pg_url, idle_in_transaction_s=0.2), Store(pg_url)
+    frozen.enqueue([to_row(build_spec(model="m", provider="mock", messages=[{"role": "user", "content": "w"}]))])
+    runs: list[int] = []
+
+    def bump_priority() -> None:
+        with transaction(frozen.engine, frozen.dialect) as conn:
+            conn.execute(text("UPDATE llm_requests SET priority = priority + 1"))
+            runs.append(1)
+            if len(runs) == 1:
+                _frozen_until_the_server_ends_the_session(conn, watcher)
+
+    async def through_the_lane() -> Any:
+        return await DbLane(retry_seconds=10).run(bump_priority)
+
+    anyio.run(through_the_lane)
+    with watcher.engine.connect() as conn:
+        priority = conn.execute(text("SELECT priority FROM llm_requests")).scalar_one()
+    assert len(runs) == 2 and priority == 1  # run twice, applied once
+    frozen.close()
+    watcher.close()
