@@ -148,7 +148,6 @@ def test_a_daemon_frozen_past_its_lease_writes_nothing_over_the_one_that_took_ov
         frozen = start_daemon(env, frozen_log, "--worker-id", "frozen")
         wait_for(lambda: mock.stats()["in_flight"] >= 2)
         frozen.send_signal(signal.SIGSTOP)
-        in_flight_at_freeze = mock.stats()["in_flight"]
         try:
             taken_over = run_daemon(env, taker_log, "--until-idle", "--worker-id", "taker")
         finally:
@@ -179,7 +178,10 @@ def test_a_daemon_frozen_past_its_lease_writes_nothing_over_the_one_that_took_ov
     cut = Counter(prompt_of[rid] for rid in _cut_for_lapsing_leases(taker_log))
     frozen_claimed = {prompt_of[rid] for rid, worker, _ in attempts if worker and worker.startswith("frozen")}
     logs = f"taker: {taker_log.read_text()[-3000:]}\nfrozen: {frozen_log.read_text()[-3000:]}"
-    assert sum(1 for n in calls_per_prompt.values() if n > 1) <= in_flight_at_freeze + sum(cut.values()), logs
+    # The frozen daemon's calls are its attempts (the mock's count of calls in flight, read just
+    # after SIGSTOP, can miss one the daemon had already written to its socket: a CI failure).
+    assert len(frozen_claimed) <= 4, logs
+    assert sum(1 for n in calls_per_prompt.values() if n > 1) <= len(frozen_claimed) + sum(cut.values()), logs
     assert all(n <= 1 + (key in frozen_claimed) + cut[key] for key, n in calls_per_prompt.items()), logs
 
 
