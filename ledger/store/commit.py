@@ -22,7 +22,8 @@ terminated at one of those COMMITs stopped the daemon.
 
 A session the server ended because it sat idle inside a transaction (SQLSTATE 25P03, a
 daemon frozen past `idle_in_transaction_session_timeout`, see `dialect.configure_engine`)
-was rolled back by the server's own word: the COMMIT was never read. That lost COMMIT is
+was rolled back by the server's own word: that FATAL comes before the next command runs, so
+the COMMIT never ran. That lost COMMIT is
 `CommitNotApplied` with or without a known id, and a read's closing ROLLBACK that finds its
 connection gone is no error at all (`reading`): the rows were in hand and nothing was written.
 Before this a daemon frozen inside one of its idle loops' reads stopped when it woke.
@@ -111,11 +112,14 @@ def reading(engine: Engine) -> Iterator[Connection]:
         except DBAPIError as exc:
             if not exc.connection_invalidated:
                 raise
-            LOG.debug("a read's connection was gone at its end: %s", exc.orig)
+            if _ended_while_idle(exc):  # news for an operator: this process was frozen past its bound
+                LOG.warning("the server ended a read's session idle in its transaction (was this process frozen?)")
+            else:
+                LOG.debug("a read's connection was gone at its end: %s", exc.orig)
 
 
 def _ended_while_idle(exc: DBAPIError) -> bool:
-    """The server ended the session for sitting idle in its transaction: it never read the COMMIT."""
+    """The server ended the session for sitting idle in its transaction: the COMMIT never ran."""
     return getattr(exc.orig, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT
 
 

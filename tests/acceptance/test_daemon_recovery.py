@@ -136,13 +136,18 @@ def test_backends_terminated_again_and_again_never_stop_the_daemon(pg_url: str, 
     assert most_successes == 1
 
 
+FROZEN_LIMIT = 4
+
+
 def test_a_daemon_frozen_past_its_lease_writes_nothing_over_the_one_that_took_over(pg_url: str, tmp_path: Path) -> None:
     """Issue 12: SIGSTOP a daemon with calls in flight, let another take its work over, SIGCONT it.
     The woken daemon writes nothing over the new owner's results; the provider saw at most the
-    frozen daemon's in-flight calls twice, and every other request once."""
+    frozen daemon's claimed requests twice, and every other request once."""
     prompts = [("a", f"d{i}", f"frozen daemon {i}") for i in range(24)]
     with mock_provider("--latency", "1.0") as mock:
-        env = ledger_env(pg_url, mock, MAX_CONCURRENT_LLM_CALLS=4, LEDGER_LEASE_SECONDS=2, LEDGER_POLL_INTERVAL=0.05)
+        env = ledger_env(
+            pg_url, mock, MAX_CONCURRENT_LLM_CALLS=FROZEN_LIMIT, LEDGER_LEASE_SECONDS=2, LEDGER_POLL_INTERVAL=0.05
+        )
         enqueue(env, write_requests(tmp_path / "z.jsonl", prompts))
         frozen_log, taker_log = tmp_path / "frozen.log", tmp_path / "taker.log"
         frozen = start_daemon(env, frozen_log, "--worker-id", "frozen")
@@ -178,10 +183,9 @@ def test_a_daemon_frozen_past_its_lease_writes_nothing_over_the_one_that_took_ov
     cut = Counter(prompt_of[rid] for rid in _cut_for_lapsing_leases(taker_log))
     frozen_claimed = {prompt_of[rid] for rid, worker, _ in attempts if worker and worker.startswith("frozen")}
     logs = f"taker: {taker_log.read_text()[-3000:]}\nfrozen: {frozen_log.read_text()[-3000:]}"
-    # The frozen daemon's calls are its attempts (the mock's count of calls in flight, read just
-    # after SIGSTOP, can miss one the daemon had already written to its socket: a CI failure).
-    assert len(frozen_claimed) <= 4, logs
-    assert sum(1 for n in calls_per_prompt.values() if n > 1) <= len(frozen_claimed) + sum(cut.values()), logs
+    # The frozen daemon's calls are its attempts, not the mock's count of calls in flight read just
+    # after SIGSTOP, which can miss one the daemon had already written to its socket (a CI failure).
+    assert len(frozen_claimed) <= FROZEN_LIMIT, logs
     assert all(n <= 1 + (key in frozen_claimed) + cut[key] for key, n in calls_per_prompt.items()), logs
 
 

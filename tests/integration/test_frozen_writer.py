@@ -92,25 +92,34 @@ def _frozen_until_the_server_ends_the_session(conn: Connection, watcher: Store) 
     wait_for(ended, timeout=10)
 
 
+def _frozen_store(pg_url: str, watcher: Store) -> Store:
+    """A store opened as the daemon opens it, with a short idle bound; the schema and the request
+    come first, through `watcher`, so no set-up statement waits under that bound."""
+    watcher.enqueue([to_row(build_spec(model="m", provider="mock", messages=[{"role": "user", "content": "r"}]))])
+    return Store(pg_url, ping_on_checkout=False, idle_in_transaction_s=0.2)
+
+
 def test_a_read_frozen_past_the_idle_bound_keeps_its_rows_and_the_store_goes_on(pg_url: str) -> None:
     """The CI failure of the frozen-daemon acceptance test: a daemon frozen inside one of its idle
     loops' reads woke to a dead connection at the read's closing ROLLBACK and stopped (exit 1)."""
-    frozen, watcher = Store(pg_url, idle_in_transaction_s=0.2), Store(pg_url)
-    frozen.enqueue([to_row(build_spec(model="m", provider="mock", messages=[{"role": "user", "content": "r"}]))])
-    with reading(frozen.engine) as conn:
-        rows = conn.execute(text("SELECT id FROM llm_requests")).all()
-        _frozen_until_the_server_ends_the_session(conn, watcher)
-    assert len(rows) == 1
-    assert frozen.status_counts()["queued"] == 1  # the next read gets a fresh connection
-    frozen.close()
-    watcher.close()
+    watcher = Store(pg_url)
+    frozen = _frozen_store(pg_url, watcher)
+    try:
+        with reading(frozen.engine) as conn:
+            rows = conn.execute(text("SELECT id FROM llm_requests")).all()
+            _frozen_until_the_server_ends_the_session(conn, watcher)
+        assert len(rows) == 1
+        assert frozen.status_counts()["queued"] == 1  # the next read gets a fresh connection
+    finally:
+        frozen.close()
+        watcher.close()
 
 
 def test_a_write_frozen_past_the_idle_bound_is_not_applied_and_the_lane_runs_it_again(pg_url: str) -> None:
-    """The server never read that COMMIT (it said so, SQLSTATE 25P03): nothing was written, so the
+    """The server never ran that COMMIT (it said so, SQLSTATE 25P03): nothing was written, so the
     daemon's lane runs the write again instead of stopping, even without the transaction's id."""
-    frozen, watcher = Store(pg_url, idle_in_transaction_s=0.2), Store(pg_url)
-    frozen.enqueue([to_row(build_spec(model="m", provider="mock", messages=[{"role": "user", "content": "w"}]))])
+    watcher = Store(pg_url)
+    frozen = _frozen_store(pg_url, watcher)
     runs: list[int] = []
 
     def bump_priority() -> None:
@@ -123,9 +132,12 @@ def test_a_write_frozen_past_the_idle_bound_is_not_applied_and_the_lane_runs_it_
     async def through_the_lane() -> Any:
         return await DbLane(retry_seconds=10).run(bump_priority)
 
-    anyio.run(through_the_lane)
-    with watcher.engine.connect() as conn:
-        priority = conn.execute(text("SELECT priority FROM llm_requests")).scalar_one()
-    assert len(runs) == 2 and priority == 1  # run twice, applied once
-    frozen.close()
-    watcher.close()
+    try:
+        anyio.run(through_the_lane)
+        with watcher.engine.connect() as conn:
+            priority = conn.execute(text("SELECT priority FROM llm_requests")).scalar_one()
+        assert len(runs) == 2  # the lane ran it again
+        assert priority == 1  # and it was applied once
+    finally:
+        frozen.close()
+        watcher.close()
