@@ -42,7 +42,7 @@ from sqlalchemy.engine import Connection, Engine
 from ledger.models import AttemptOutcome, Delivery, Job, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.commit import transaction
-from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, json_rows, read_json, unindexed
+from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, json_rows, read_json_column, unindexed
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -81,14 +81,6 @@ CLAIMED_COLUMNS = (
 )
 
 
-def _json_value(value: Any) -> Any:
-    """A JSON column's value as read: parsed already (SQLAlchemy's result processing, psycopg's
-    JSONB), or its text (SQLite's hot statements run on the driver's cursor, with no result
-    processing: `Dialect.run_all`). These columns always hold an object or null, never a bare
-    JSON string, so text is always to parse."""
-    return read_json(value) if isinstance(value, str) else value
-
-
 def to_claimed(row: Any) -> ClaimedRequest:
     return ClaimedRequest(
         id=row.id,
@@ -99,9 +91,9 @@ def to_claimed(row: Any) -> ClaimedRequest:
         provider=row.provider,
         model=row.model,
         endpoint=row.endpoint,
-        input=_json_value(row.input),
-        params=_json_value(row.params) or {},
-        response_format=_json_value(row.response_format),
+        input=read_json_column(row.input),
+        params=read_json_column(row.params) or {},
+        response_format=read_json_column(row.response_format),
         stored_trace=row.trace,
     )
 

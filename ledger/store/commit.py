@@ -23,9 +23,9 @@ terminated at one of those COMMITs stopped the daemon.
 A session the server ended because it sat idle inside a transaction (SQLSTATE 25P03, a
 daemon frozen past `idle_in_transaction_session_timeout`, see `dialect.configure_engine`)
 was rolled back by the server's own word: that FATAL comes before the next command runs, so
-the COMMIT never ran. That lost COMMIT is
-`CommitNotApplied` with or without a known id, and a read's closing ROLLBACK that finds its
-connection gone is no error at all (`reading`): the rows were in hand and nothing was written.
+the COMMIT never ran. That lost COMMIT is `CommitNotApplied` with or without a known id, and
+a read's closing ROLLBACK that finds its connection gone is no error at all (`reading`): the
+rows were in hand and nothing was written.
 Before this a daemon frozen inside one of its idle loops' reads stopped when it woke.
 
 Also here: `reading`, and `any_row`, the reads that only ask whether something exists.

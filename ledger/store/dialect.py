@@ -251,6 +251,14 @@ def read_json(text: str | bytes | bytearray | memoryview) -> Any:
     return None if text == "null" else _DECODE_JSON(text)
 
 
+def read_json_column(value: Any) -> Any:
+    """A JSON column's value as read: parsed already (SQLAlchemy's result processing, psycopg's
+    JSONB), or its text (SQLite's hot statements run on the driver's cursor, with no result
+    processing: `Dialect.run_all`). These columns always hold an object or null, never a bare
+    JSON string, so text is always to parse."""
+    return read_json(value) if isinstance(value, str) else value
+
+
 def json_param(rows: Iterable[dict[str, Any]]) -> str:
     """The value of a `json_rows` parameter."""
     return json.dumps(list(rows), separators=(",", ":"))

@@ -7,7 +7,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Any
 
-from ledger.store.dialect import read_json
+from ledger.store.dialect import read_json_column
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,7 @@ class ClaimedRequest:
 
     @cached_property
     def trace(self) -> dict[str, Any]:
-        stored = self.stored_trace
-        parsed = read_json(stored) if isinstance(stored, str) else stored
-        return parsed or {}
+        return read_json_column(self.stored_trace) or {}
 
     @property
     def agent(self) -> str:

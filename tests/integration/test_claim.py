@@ -306,6 +306,17 @@ def test_postgresql_reaches_a_group_and_a_claim_by_key_not_by_scanning_the_ledge
         store.close()
 
 
+def _complete_without_vacuum(store: Store, n: int) -> None:
+    """`n` requests claimed and completed 50 at a time, autovacuum off: every dead index entry
+    a run leaves stays where the next statement finds it."""
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE llm_requests SET (autovacuum_enabled = false)")
+    add_requests(store, n)
+    limits = {"global_limit": 50, "pool_limit": lambda _: 50, "max_claims": 50, **LIMITS}
+    while taken := store.claim("w", **limits).requests:
+        store.record([Completed(r, r.attempt, "ok", 1) for r in taken])
+
+
 def test_postgresql_counts_running_requests_without_revisiting_those_finished_since_the_last_vacuum(
     pg_url: str,
 ) -> None:
@@ -316,12 +327,7 @@ def test_postgresql_counts_running_requests_without_revisiting_those_finished_si
     which mark such entries dead once: a later count reads a few pages, not every finished row's."""
     store = Store(pg_url)
     try:
-        with store.engine.begin() as conn:
-            conn.exec_driver_sql("ALTER TABLE llm_requests SET (autovacuum_enabled = false)")
-        add_requests(store, 3000)
-        limits = {"global_limit": 50, "pool_limit": lambda _: 50, "max_claims": 50, **LIMITS}
-        while taken := store.claim("w", **limits).requests:
-            store.record([Completed(r, r.attempt, "ok", 1) for r in taken])
+        _complete_without_vacuum(store, 3000)
         with store.engine.connect() as conn:
             pages = conn.exec_driver_sql("SELECT pg_relation_size('llm_requests') / 8192").scalar_one()
         assert store.status_counts()["completed"] == 3000 and pages > 100
@@ -346,12 +352,7 @@ def test_postgresql_online_requests_write_no_entries_to_the_batch_index_which_lo
     still goes through its index, in the generic plan a prepared statement ends up with too."""
     store = Store(pg_url)
     try:
-        with store.engine.begin() as conn:
-            conn.exec_driver_sql("ALTER TABLE llm_requests SET (autovacuum_enabled = false)")
-        add_requests(store, 2000)
-        limits = {"global_limit": 50, "pool_limit": lambda _: 50, "max_claims": 50, **LIMITS}
-        while taken := store.claim("w", **limits).requests:
-            store.record([Completed(r, r.attempt, "ok", 1) for r in taken])
+        _complete_without_vacuum(store, 2000)
         assert store.status_counts()["completed"] == 2000
         with store.engine.connect() as conn:
             size = "SELECT pg_relation_size('{}') / 8192"
