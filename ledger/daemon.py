@@ -9,11 +9,15 @@ the next claim by any daemon puts those rows back in the queue.
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import anyio
@@ -51,6 +55,53 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
+# Allocations (less deallocations) of container objects between two passes of the cyclic
+# collector over the youngest generation while a daemon runs; Python's default is 700.
+YOUNG_COLLECTION_EVERY = 10_000
+
+
+@dataclass
+class _Tuning:
+    """The collector's settings as the first daemon in the process found them."""
+
+    daemons: int = 0
+    threshold: tuple[int, int, int] = (700, 10, 10)
+    froze: bool = False
+
+
+_tuning, _tuning_lock = _Tuning(), threading.Lock()
+
+
+@contextmanager
+def collector_for_a_long_run() -> Iterator[None]:
+    """While a daemon runs: what was allocated before it started (imported modules, SDK clients,
+    SQLAlchemy's tables and compiled statements, some 120,000 objects) is out of the cyclic
+    collector's reach (`gc.freeze`), and its youngest generation is collected every
+    `YOUNG_COLLECTION_EVERY` allocations. At zero latency the collector's passes were 7.6 % of
+    a daemon's instructions (callgrind, 1,000 requests on SQLite; one full pass over those
+    objects was most of it), and 3-14 % fewer with this (decision 79). A request's garbage is
+    freed by reference counting as before; cycles (an exception's traceback, say) wait a
+    little longer. Process-wide, so only the first of several daemons in one process tunes
+    it and the last one out sets it back, unfreezing only what it froze."""
+    with _tuning_lock:
+        _tuning.daemons += 1
+        if _tuning.daemons == 1:
+            _tuning.threshold = gc.get_threshold()
+            _tuning.froze = gc.get_freeze_count() == 0
+            if _tuning.froze:
+                gc.freeze()
+            gc.set_threshold(max(_tuning.threshold[0], YOUNG_COLLECTION_EVERY), *_tuning.threshold[1:])
+    try:
+        yield
+    finally:
+        with _tuning_lock:
+            _tuning.daemons -= 1
+            if _tuning.daemons == 0:
+                gc.set_threshold(*_tuning.threshold)
+                if _tuning.froze:
+                    gc.unfreeze()
+
+
 async def run_daemon(
     settings: Settings,
     *,
@@ -60,6 +111,20 @@ async def run_daemon(
     batch_adapters: dict[str, BatchAdapter] | None = None,
     stop: anyio.Event | None = None,
     handle_signals: bool = True,
+) -> DaemonReport:
+    """Claim, call and record until stopped (or, with `until_idle`, until nothing is left)."""
+    with collector_for_a_long_run():
+        return await _run(settings, until_idle, worker_id, adapters, batch_adapters, stop, handle_signals)
+
+
+async def _run(
+    settings: Settings,
+    until_idle: bool,
+    worker_id: str | None,
+    adapters: dict[str, Adapter] | None,
+    batch_adapters: dict[str, BatchAdapter] | None,
+    stop: anyio.Event | None,
+    handle_signals: bool,
 ) -> DaemonReport:
     worker = worker_id or default_worker_id()
     # The lane retries dropped connections; a session of ours frozen inside a transaction (the
