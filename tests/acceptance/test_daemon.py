@@ -78,6 +78,9 @@ def test_transient_faults_all_recover_within_the_attempt_budget(sqlite_url: str,
             RETRY_INITIAL_DELAY=0.05,
             RETRY_MAX_DELAY=2,
             LLM_CALL_TIMEOUT=0.5,
+            # The 429s teach the pool a limit of one; probing it back up within a second, not a
+            # minute, lets the other faults run side by side (the run took 17 s one at a time).
+            LEDGER_POOL_PROBE_SECONDS=0.5,
         )
         enqueue(env, write_requests(tmp_path / "faults.jsonl", prompts))
         assert run_daemon(env, log) == 0
