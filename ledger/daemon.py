@@ -16,7 +16,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -62,44 +62,59 @@ YOUNG_COLLECTION_EVERY = 10_000
 
 @dataclass
 class _Tuning:
-    """The collector's settings as the first daemon in the process found them."""
+    """The collector's settings as the first daemon in the process found them, and as it set them."""
 
     daemons: int = 0
-    threshold: tuple[int, int, int] = (700, 10, 10)
+    found: tuple[int, int, int] = (700, 10, 10)
+    tuned: tuple[int, int, int] = (700, 10, 10)
     froze: bool = False
+
+    def freeze_what_is_built(self) -> None:
+        """The daemon has built what it keeps for the run (SDK clients, compiled statements,
+        some 170,000 objects more with the openai and anthropic adapters): out of reach too."""
+        with _tuning_lock:
+            if self.froze:
+                gc.freeze()
 
 
 _tuning, _tuning_lock = _Tuning(), threading.Lock()
 
 
 @contextmanager
-def collector_for_a_long_run() -> Iterator[None]:
-    """While a daemon runs: what was allocated before it started (imported modules, SDK clients,
-    SQLAlchemy's tables and compiled statements, some 120,000 objects) is out of the cyclic
-    collector's reach (`gc.freeze`), and its youngest generation is collected every
-    `YOUNG_COLLECTION_EVERY` allocations. At zero latency the collector's passes were 7.6 % of
-    a daemon's instructions (callgrind, 1,000 requests on SQLite; one full pass over those
-    objects was most of it), and 3-14 % fewer with this (decision 79). A request's garbage is
-    freed by reference counting as before; cycles (an exception's traceback, say) wait a
-    little longer. Process-wide, so only the first of several daemons in one process tunes
-    it and the last one out sets it back, unfreezing only what it froze."""
+def collector_for_a_long_run() -> Iterator[_Tuning]:
+    """While a daemon runs: what was allocated before it started (imported modules, SQLAlchemy's
+    tables, some 110,000-125,000 objects), and what it builds to keep (`freeze_what_is_built`),
+    is out of the cyclic collector's reach (`gc.freeze`), and its youngest generation is
+    collected every `YOUNG_COLLECTION_EVERY` allocations. At zero latency the collector's passes
+    were 7.6 % of a daemon's instructions (callgrind, 1,000 requests on SQLite; one full pass
+    over those objects was most of it), and 3-14 % fewer with this (decision 79). A request's
+    garbage is freed by reference counting as before; cycles (a failed call's exception and
+    traceback) wait up to 9,300 allocations longer. Process-wide, so only the first of several
+    daemons in one process tunes it and the last one out sets it back: the threshold only if it
+    is still the daemon's, and the freeze only if the daemon made it (a program that had frozen
+    objects itself keeps them frozen and gets nothing frozen by the daemon; one that freezes
+    objects while a daemon runs sees them unfrozen with the daemon's). A collector switched off
+    with a threshold of 0 stays off."""
     with _tuning_lock:
         _tuning.daemons += 1
         if _tuning.daemons == 1:
-            _tuning.threshold = gc.get_threshold()
+            _tuning.found = found = gc.get_threshold()
             _tuning.froze = gc.get_freeze_count() == 0
             if _tuning.froze:
                 gc.freeze()
-            gc.set_threshold(max(_tuning.threshold[0], YOUNG_COLLECTION_EVERY), *_tuning.threshold[1:])
+            _tuning.tuned = (max(found[0], YOUNG_COLLECTION_EVERY) if found[0] else 0, *found[1:])
+            gc.set_threshold(*_tuning.tuned)
     try:
-        yield
+        yield _tuning
     finally:
         with _tuning_lock:
             _tuning.daemons -= 1
             if _tuning.daemons == 0:
-                gc.set_threshold(*_tuning.threshold)
+                if gc.get_threshold() == _tuning.tuned:
+                    gc.set_threshold(*_tuning.found)
                 if _tuning.froze:
                     gc.unfreeze()
+                    _tuning.froze = False
 
 
 async def run_daemon(
@@ -113,8 +128,9 @@ async def run_daemon(
     handle_signals: bool = True,
 ) -> DaemonReport:
     """Claim, call and record until stopped (or, with `until_idle`, until nothing is left)."""
-    with collector_for_a_long_run():
-        return await _run(settings, until_idle, worker_id, adapters, batch_adapters, stop, handle_signals)
+    with collector_for_a_long_run() as collector:
+        built = collector.freeze_what_is_built
+        return await _run(settings, until_idle, worker_id, adapters, batch_adapters, stop, handle_signals, built)
 
 
 async def _run(
@@ -125,6 +141,7 @@ async def _run(
     batch_adapters: dict[str, BatchAdapter] | None,
     stop: anyio.Event | None,
     handle_signals: bool,
+    built: Callable[[], None],
 ) -> DaemonReport:
     worker = worker_id or default_worker_id()
     # The lane retries dropped connections; a session of ours frozen inside a transaction (the
@@ -157,6 +174,7 @@ async def _run(
     batch_worker = BatchWorker(store, lane, settings, worker, batch_adapters)
     coordinator = Coordinator(store, lane, settings)
     scheduler.idle = coordinator.calls_answered
+    scheduler.ready = built
     events.started(
         worker_id=worker,
         max_concurrent_llm_calls=settings.max_concurrent_llm_calls,

@@ -65,6 +65,8 @@ class Scheduler:
         self._last_reclaim = -float("inf")
         # Called when the last call in flight has ended (the daemon steps its jobs then).
         self.idle: Callable[[], None] = lambda: None
+        # Called once the adapters the queued work needs are built, before the first claim.
+        self.ready: Callable[[], None] = lambda: None
         self.limits: dict[str, Any] = {
             "lease_seconds": settings.lease_seconds,
             "global_limit": settings.max_concurrent_llm_calls,
@@ -176,6 +178,7 @@ class Scheduler:
         )
         self.announce_released(leftover, "released what a previous process with this worker id held")
         await self.warm_adapters()
+        self.ready()
         try:
             await self._claim_loop(tg, until_idle=until_idle, stop=stop)
         finally:
