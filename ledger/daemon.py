@@ -16,7 +16,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -81,7 +81,7 @@ _tuning, _tuning_lock = _Tuning(), threading.Lock()
 
 
 @contextmanager
-def collector_for_a_long_run() -> Iterator[_Tuning]:
+def collector_for_a_long_run() -> Iterator[None]:
     """While a daemon runs: what was allocated before it started (imported modules, SQLAlchemy's
     tables, some 110,000-125,000 objects), and what it builds to keep (`freeze_what_is_built`),
     is out of the cyclic collector's reach (`gc.freeze`), and its youngest generation is
@@ -105,7 +105,7 @@ def collector_for_a_long_run() -> Iterator[_Tuning]:
             _tuning.tuned = (max(found[0], YOUNG_COLLECTION_EVERY) if found[0] else 0, *found[1:])
             gc.set_threshold(*_tuning.tuned)
     try:
-        yield _tuning
+        yield
     finally:
         with _tuning_lock:
             _tuning.daemons -= 1
@@ -128,9 +128,8 @@ async def run_daemon(
     handle_signals: bool = True,
 ) -> DaemonReport:
     """Claim, call and record until stopped (or, with `until_idle`, until nothing is left)."""
-    with collector_for_a_long_run() as collector:
-        built = collector.freeze_what_is_built
-        return await _run(settings, until_idle, worker_id, adapters, batch_adapters, stop, handle_signals, built)
+    with collector_for_a_long_run():
+        return await _run(settings, until_idle, worker_id, adapters, batch_adapters, stop, handle_signals)
 
 
 async def _run(
@@ -141,7 +140,6 @@ async def _run(
     batch_adapters: dict[str, BatchAdapter] | None,
     stop: anyio.Event | None,
     handle_signals: bool,
-    built: Callable[[], None],
 ) -> DaemonReport:
     worker = worker_id or default_worker_id()
     # The lane retries dropped connections; a session of ours frozen inside a transaction (the
@@ -174,7 +172,7 @@ async def _run(
     batch_worker = BatchWorker(store, lane, settings, worker, batch_adapters)
     coordinator = Coordinator(store, lane, settings)
     scheduler.idle = coordinator.calls_answered
-    scheduler.ready = built
+    scheduler.ready = _tuning.freeze_what_is_built  # what it built to keep is out of the collector's reach
     events.started(
         worker_id=worker,
         max_concurrent_llm_calls=settings.max_concurrent_llm_calls,

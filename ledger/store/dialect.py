@@ -301,11 +301,7 @@ class Dialect:
             return self.run_all(conn, then)
         # The transaction id comes back with the lock, for free: if the COMMIT's answer is
         # lost, `commit.transaction` asks the server what became of it (`transaction_committed`).
-        if then:
-            lock, *results = self.run_all(conn, [(_CLAIM_LOCK, {}), *then])
-        else:  # the lock alone reads no table: no planner settings to send around it
-            (lock,) = _in_one_query(conn, [self._driver_args(conn, _CLAIM_LOCK, {})], by_key=False)
-            results = []
+        lock, *results = self.run_all(conn, [(_CLAIM_LOCK, {}), *then])
         conn.info[XID_KEY] = lock.rows[0][1]
         return results
 
@@ -516,10 +512,10 @@ INLINE_AT_MOST = 64 * 1024
 # taking the fenced rows for one, rescanned the chunk once per row, 50 x 50 comparisons),
 # or running rows by the in-flight index (a plain index scan, which marks the entries of
 # rows no longer running dead: a bitmap scan never does, so until a vacuum every count of
-# the running rows visited every request run since, 2.5 ms a group commit at 20,000), never by
-# scanning a table an index reaches: a young ledger's attempts (some thousands, not analysed
-# yet, each key taken for 1/200 of the table) were read whole to close fifty, 1.9 ms of a 7 ms group
-# commit at 10,000, where the key lookups take 0.1. No JIT: a scan left with no other way
+# the running rows visited every request run since, 2.5 ms a group commit at 20,000), never
+# by scanning a table an index reaches: a young ledger's attempts (some thousands, not
+# analysed yet, each key taken for 1/200 of the table) were read whole to close fifty, 1.9 ms
+# of a 7 ms group commit at 10,000, where the key lookups take 0.1. No JIT: a scan left with no other way
 # (the pools, the live daemons: a few rows) is costed past JIT's threshold once scans are off,
 # and compiling one took 24-370 ms.
 # Transaction-local, and set back right after those statements: the transaction's others
@@ -535,9 +531,8 @@ def _size(driver_args: list[tuple[str, Any]]) -> int:
     return sum(len(v) for v in values if isinstance(v, str))
 
 
-def _in_one_query(conn: Connection, statements: list[tuple[str, Any]], *, by_key: bool = True) -> list[Ran]:
-    """PostgreSQL: `statements` as one simple query, one round trip, their results read in turn,
-    planned with `_PLANS_BY_KEY` unless `by_key` is False.
+def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ran]:
+    """PostgreSQL: `statements` as one simple query, one round trip, their results read in turn.
 
     Parameters are bound on the client (psycopg's `ClientCursor.mogrify`): the simple query
     protocol takes several statements at once but no parameters. Not psycopg's pipeline mode,
@@ -553,12 +548,11 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]], *, by_key
     """
     raw: Any = conn.connection.driver_connection
     bound = (psycopg.ClientCursor(raw).mogrify(sql, args) for sql, args in statements)
-    plans, usual = (_PLANS_BY_KEY, _PLANS_AS_USUAL) if by_key else ([], [])
-    query = ";\n".join([*plans, *bound, *usual])
+    query = ";\n".join([*_PLANS_BY_KEY, *bound, *_PLANS_AS_USUAL])
     try:
         with raw.cursor(row_factory=namedtuple_row) as cursor:
             cursor.execute(query)
-            for _ in plans:  # their results: nothing to read
+            for _ in _PLANS_BY_KEY:  # their results: nothing to read
                 cursor.nextset()
             found = []
             for _ in statements:

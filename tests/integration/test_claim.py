@@ -18,7 +18,7 @@ from ledger.store import dialect as dialect_module
 from ledger.store.commit import transaction
 from ledger.store.dialect import is_transient
 from ledger.store.queue import CancelResult
-from ledger.store.rows import AttemptFailure, Claim, Completed, PoolWindow, RetryLater, Written
+from ledger.store.rows import AttemptFailure, Claim, ClaimedRequest, Completed, PoolWindow, RetryLater, Written
 from tests.integration.store_helpers import add_requests
 
 
@@ -290,12 +290,9 @@ def test_postgresql_reaches_a_group_and_a_claim_by_key_not_by_scanning_the_ledge
             conn.exec_driver_sql("ANALYZE llm_requests")
             conn.exec_driver_sql("ANALYZE llm_attempts")
         taken = store.claim("w", global_limit=5, pool_limit=lambda _: 5, max_claims=5, **LIMITS).requests
-        group = [
-            {"id": r.id, "token": r.token, "attempt": r.attempt, "outcome": "succeeded", "raw": "ok"} for r in taken
-        ]
         picked = [{"id": i} for i in range(10, 15)]
         statements = [
-            (queue._WITH_ATTEMPTS["completed"], {**queue._V.bind(group), **queue._VA.bind(group)}),
+            _completing(taken),
             (claim_sql._TAKE_AND_START, {**claim_sql._PICKED.bind(picked), "b_worker": "w"}),
         ]
         with store.engine.connect() as conn:
@@ -305,6 +302,12 @@ def test_postgresql_reaches_a_group_and_a_claim_by_key_not_by_scanning_the_ledge
                 assert "Seq Scan on llm_requests" not in plan, plan
     finally:
         store.close()
+
+
+def _completing(taken: list[ClaimedRequest]) -> tuple[Any, dict[str, Any]]:
+    """The group commit's statement that records `taken` as answered, with its parameters."""
+    group = [{"id": r.id, "token": r.token, "attempt": r.attempt, "outcome": "succeeded", "raw": "ok"} for r in taken]
+    return queue._WITH_ATTEMPTS["completed"], {**queue._V.bind(group), **queue._VA.bind(group)}
 
 
 def _complete_without_vacuum(store: Store, n: int) -> None:
@@ -330,11 +333,9 @@ def test_postgresql_closes_a_group_s_attempts_by_key_on_a_young_ledger(pg_url: s
         _complete_without_vacuum(store, 3000)
         add_requests(store, 50, prefix="group")
         taken = store.claim("w", global_limit=50, pool_limit=lambda _: 50, max_claims=50, **LIMITS).requests
-        group = [{"id": r.id, "token": r.token, "attempt": r.attempt, "outcome": "succeeded"} for r in taken]
-        assert len(group) == 50
-        finish = (queue._WITH_ATTEMPTS["completed"], {**queue._V.bind(group), **queue._VA.bind(group)})
+        assert len(taken) == 50
         with transaction(store.engine, store.dialect) as conn:
-            sql, args = store.dialect._driver_args(conn, *finish)
+            sql, args = store.dialect._driver_args(conn, *_completing(taken))
             (ran,) = dialect_module._in_one_query(conn, [(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", args)])
             scans = _scans(ran.rows[0][0][0]["Plan"])
         assert ("llm_attempts", "Index Scan") in scans and ("llm_attempts", "Seq Scan") not in scans, scans
