@@ -34,7 +34,8 @@ from ledger.models import AttemptOutcome, RequestStatus
 from ledger.store.batches import SUBMITTED, BatchLease, _fence, _in_batch, _status, batches
 from ledger.store.claim import QUEUED, attempts, requests
 from ledger.store.commit import transaction
-from ledger.store.dialect import Dialect, db_now, db_now_plus, json_param, json_rows, storable
+from ledger.store.dialect import Dialect, db_now, db_now_plus, storable
+from ledger.store.row_sets import bound_rows
 
 _r, _b, _a = requests.c, batches.c, attempts.c
 _CHUNK = 1000  # lines per set of statements when ending a batch's unanswered requests
@@ -76,9 +77,9 @@ class Mapped:
         return sum(getattr(self, f.name) for f in fields(self))
 
 
-# A chunk's result lines, one JSON parameter each (`json_rows`): one set-based statement per
+# A chunk's result lines, as a table each (`bound_rows`): one set-based statement per
 # kind of write, not one statement per line.
-_SUCCEEDED = json_rows(
+_SUCCEEDED = bound_rows(
     "v",
     "b_rows",
     column("id", BigInteger),
@@ -87,7 +88,7 @@ _SUCCEEDED = json_rows(
     column("tout", Integer),
     column("cost", Float),
 )
-_FAILED = json_rows(
+_FAILED = bound_rows(
     "v",
     "b_rows",
     column("id", BigInteger),
@@ -97,7 +98,7 @@ _FAILED = json_rows(
     column("message", Text),
     column("status_code", Integer),
 )
-_ENDED = json_rows(
+_ENDED = bound_rows(
     "v",
     "b_rows",
     column("id", BigInteger),
@@ -297,15 +298,15 @@ def _map_in(
             }
         )
     if succeeded:
-        params = {"b_rows": json_param(succeeded), "b_batch": batch_id}
+        params = {**_SUCCEEDED.bind(succeeded), "b_batch": batch_id}
         mapped.completed = dialect.execute(conn, _MAP_SUCCEEDED, params).rowcount
     if failed:
-        params = {"b_rows": json_param(failed), "b_batch": batch_id}
+        params = {**_FAILED.bind(failed), "b_batch": batch_id}
         statuses = list(dialect.execute(conn, _MAP_FAILED, params).scalars())
         mapped.retried = statuses.count(QUEUED)
         mapped.failed = len(statuses) - mapped.retried
     if ended:
-        dialect.execute(conn, _CLOSE_ATTEMPTS, {"b_rows": json_param(ended), "b_batch": batch_id})
+        dialect.execute(conn, _CLOSE_ATTEMPTS, {**_ENDED.bind(ended), "b_batch": batch_id})
     mapped.requeued = _requeue(conn, batch_id, [x.request_id for x in lines if x.kind in ("expired", "canceled")])
     mapped.kept = len(lines) - mapped.completed - mapped.failed - mapped.retried - mapped.requeued
     return mapped

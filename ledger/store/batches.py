@@ -41,7 +41,8 @@ from sqlalchemy.exc import DBAPIError
 from ledger.models import AttemptOutcome, BatchStatus, Delivery, LlmBatch, RequestStatus
 from ledger.store.claim import QUEUED, Budget, attempts, requests
 from ledger.store.commit import any_row, reading, transaction
-from ledger.store.dialect import Dialect, db_now, db_now_plus, json_param, json_rows, unindexed
+from ledger.store.dialect import Dialect, db_now, db_now_plus, unindexed
+from ledger.store.row_sets import bound_rows
 from ledger.store.schema import one_line
 
 batches = LlmBatch.__table__  # type: ignore[attr-defined]
@@ -85,7 +86,7 @@ class BatchLease:
 _FENCE = update(batches).where(
     _b.id == bindparam("b_batch"), _b.lease_token == bindparam("b_token"), _b.lease_owner == bindparam("b_worker")
 )
-_ATTACHED = json_rows("v", "b_rows", column("id", BigInteger))
+_ATTACHED = bound_rows("v", "b_rows", column("id", BigInteger))
 # Rows are reached by id from the chunk; these checks are made on each (`unindexed`).
 _in_batch, _status = unindexed(_r.batch_id) == bindparam("b_batch"), unindexed(_r.status)
 
@@ -226,8 +227,8 @@ class BatchQueries:
             _fence(conn, lease)
             ids = _affordable(conn, ids, daily_budget, self.job_caps)
             for start in range(0, len(ids), _ATTACH_CHUNK):
-                rows = json_param({"id": i} for i in ids[start : start + _ATTACH_CHUNK])
-                self.dialect.execute(conn, _ATTACH, {"b_rows": rows, "b_batch": lease.id})
+                rows = _ATTACHED.bind({"id": i} for i in ids[start : start + _ATTACH_CHUNK])
+                self.dialect.execute(conn, _ATTACH, {**rows, "b_batch": lease.id})
             params = {"b_batch": lease.id, "b_worker": lease.worker}
             attached = [int(rid) for (rid,) in self.dialect.execute(conn, _OPEN_ATTEMPTS, params)]
             if not attached:

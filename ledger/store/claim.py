@@ -42,7 +42,8 @@ from sqlalchemy.engine import Connection, Engine
 from ledger.models import AttemptOutcome, Delivery, Job, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.commit import transaction
-from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, json_rows, read_json_column, unindexed
+from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, read_json_column, unindexed
+from ledger.store.row_sets import bound_rows
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -107,7 +108,7 @@ _CLAIM_STATE = union_all(
     select(literal(_LIVE_WORKERS), func.count()).where(workers.c.heartbeat_at > db_now_plus(bindparam("b_since"))),
     select(literal(_MINE), func.count()).where(_c.status == RUNNING, _c.lease_owner == bindparam("b_worker")),
 )
-_FULL = json_rows("f", "b_full", column("endpoint", String))
+_FULL = bound_rows("f", "b_full", column("endpoint", String))
 # Due rows in claim order, leaving out full and cooling pools (an empty list leaves out none).
 _CANDIDATES = (
     select(_c.id, _c.endpoint, _c.job_id, _c.estimate_usd, _c.token_estimate)
@@ -120,10 +121,10 @@ _CANDIDATES = (
     .order_by(_c.priority.desc(), _c.fair_seq, _c.id)
     .limit(bindparam("b_limit"))
 )
-# The rows a claim picked, one JSON parameter (`json_rows`): the take and its attempt rows run
+# The rows a claim picked, as a table (`bound_rows`): the take and its attempt rows run
 # as hot statements (`Dialect.execute`), compiled once, where an expanding IN list would have
 # SQLAlchemy render the statement anew at every claim (a sixth of the lane's GIL time, issue 9).
-_PICKED = json_rows("t", "b_ids", column("id", BigInteger), keys="b_id_list")
+_PICKED = bound_rows("t", "b_ids", column("id", BigInteger), keys="b_id_list")
 _TAKE = (
     update(requests)
     .where(_PICKED.match(_c.id), unindexed(_c.status) == QUEUED)
@@ -153,7 +154,7 @@ _TAKE_AND_START = select(*(_taken.c[col.name] for col in CLAIMED_COLUMNS)).add_c
 )
 # SQLite's second half of `_TAKE_AND_START`: the attempt rows of the rows just taken, as one
 # statement (an executemany would be a step per row, each a GIL round trip to the event loop).
-_TAKEN = json_rows("t", "b_taken", column("id", BigInteger))
+_TAKEN = bound_rows("t", "b_taken", column("id", BigInteger))
 _START_TAKEN = insert(attempts).from_select(
     ["request_id", "attempt", "worker", "outcome", "started_at"],
     select(_c.id, _c.attempts, bindparam("b_worker"), literal(RUNNING_ATTEMPT), db_now()).where(_c.id == _TAKEN.c.id),

@@ -15,9 +15,9 @@ constructs defined here:
 - `Dialect.bound_waits()`: a transaction that gives up waiting after a deadline
   (PostgreSQL's `lock_timeout` / `statement_timeout`).
 - `unindexed(column)`: the column's value, which the planner may not search an index by.
-- `json_rows`: a chunk of rows passed as one JSON parameter and used as a table
-  (`UPDATE ... FROM`, `INSERT ... SELECT`), so a chunk of thousands of rows is one
-  set-based statement: PostgreSQL's `json_to_recordset`, SQLite's `json_each`.
+- `bound_rows` (row_sets.py): rows passed as a table (`UPDATE ... FROM`, `INSERT ... SELECT`),
+  so a group or a chunk of thousands of rows is one set-based statement: PostgreSQL's
+  `json_to_recordset` of one JSON parameter, SQLite's `VALUES` of plain ones.
 - `Dialect.insert_rows()`: many rows in one set-based insert that skips existing keys:
   PostgreSQL COPYs them into a temporary staging table and inserts from it, SQLite (in
   process, no round trips to save) takes one multi-row VALUES.
@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Boolean, DateTime, String, Table, and_, bindparam, event, text
+from sqlalchemy import DateTime, String, Table, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.cursor import CursorResult
@@ -46,6 +46,8 @@ from sqlalchemy.sql import expression
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.selectable import Select
+
+from ledger.store.row_sets import SQLITE_VALUES_AT_MOST, RowSetType, SqliteRowSets, as_json
 
 # Where a transaction keeps its PostgreSQL transaction id (Connection.info) until it commits.
 XID_KEY = "ledger_xid"
@@ -132,7 +134,7 @@ class unindexed(expression.FunctionElement[Any]):
     """A column's value, hidden from the planner's index choice (SQLite's unary `+`; on
     PostgreSQL `col || ''` or `col + 0`).
 
-    For the checks a `json_rows` join makes on each row it reaches by primary key: with
+    For the checks a `bound_rows` join makes on each row it reaches by primary key: with
     no statistics yet (a table just filled) both planners would otherwise scan an index
     on such a check, `status = 'queued'` say, for every row it matches, and probe the
     chunk for each.
@@ -156,75 +158,10 @@ def _sqlite_unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> s
     return f"+{compiler.process(next(iter(element.clauses)), **kw)}"
 
 
-class json_rows(expression.TableClause):
-    """Rows given as one JSON parameter (a list of objects, `json_param`), usable as a
-    table: `v = json_rows("v", "b_rows", column("id", BigInteger), ...)`, then `v.c.id`, joined
-    to a table with `v.match(table.c.id)`.
-
-    One statement (one round trip, one parse) writes a whole chunk, where per-row
-    statements cost a round trip and an executor start each.
-    """
-
-    inherit_cache = False  # compiled once per engine by `Dialect`, never through the statement cache
-
-    def __init__(self, name: str, param: str, *columns: expression.ColumnClause[Any], keys: str | None = None) -> None:
-        """`keys`: the name of a parameter that also holds the chunk's `id`s, as an array (see `match`)."""
-        super().__init__(name, *columns)
-        self.param, self.keys = param, keys
-
-    def bind(self, rows: Iterable[dict[str, Any]], encoded: str | None = None) -> dict[str, Any]:
-        """The statement parameters for these rows (`encoded`: their `json_param`, if made already)."""
-        if self.keys is None:
-            return {self.param: encoded if encoded is not None else json_param(rows)}
-        listed = list(rows)
-        # An array's text, not a list: the driver's own dumping of a list looks at every element
-        # for its type, 38 us a list of fifty against 6 for a string (three a group commit).
-        keys = "{" + ",".join([str(int(row["id"])) for row in listed]) + "}"
-        return {self.param: encoded if encoded is not None else json_param(listed), self.keys: keys}
-
-    def match(self, col: expression.ColumnElement[Any]) -> expression.ColumnElement[bool]:
-        """`col = <this chunk's id>`: the join of a table to the chunk, by a column it has an index on.
-
-        PostgreSQL's planner takes a JSON chunk for 100 rows whatever it holds, and would rather
-        scan the whole table than look 100 keys up until the table is tens of thousands of
-        rows long (every group commit of a young ledger scanned every request it ever had).
-        There the keys are also given as an array (`col = ANY(:keys)`), which it looks
-        up by index; `bind` passes them as an array's text in the parameter named `keys` (a small one:
-        parsing the chunk again for them cost as much as the update when the chunk carries long
-        outputs). SQLite's planner needs no such hint.
-        """
-        assert self.keys is not None, "json_rows.match needs the chunk's `keys` parameter"
-        return and_(col == self.c.id, _chunk_keys(col, self))
-
-
-class _chunk_keys(expression.FunctionElement[Any]):
-    """`col` is one of the `id`s of a `json_rows` chunk (see `json_rows.match`)."""
-
-    inherit_cache = False
-    type = Boolean()
-
-    def __init__(self, col: expression.ColumnElement[Any], rows: json_rows) -> None:
-        super().__init__(col)
-        self.rows = rows
-
-
-@compiles(_chunk_keys, "postgresql")
-def _pg_chunk_keys(element: _chunk_keys, compiler: SQLCompiler, **kw: Any) -> str:
-    col = compiler.process(next(iter(element.clauses)), **kw)
-    key_type = compiler.dialect.type_compiler_instance.process(element.rows.c.id.type)
-    keys = compiler.process(bindparam(element.rows.keys, type_=String()), **kw)
-    return f"{col} = ANY(CAST({keys} AS {key_type}[]))"
-
-
-@compiles(_chunk_keys, "sqlite")
-def _sqlite_chunk_keys(element: _chunk_keys, compiler: SQLCompiler, **kw: Any) -> str:
-    return "1 = 1"
-
-
 def storable(text: str | None) -> str | None:
     """Provider text as both databases keep it whole: a NUL and an unpaired surrogate (a JSON
     body can carry either as an escape) become U+FFFD. PostgreSQL refuses both; SQLite cuts a
-    `json_rows` value at a NUL and stores a surrogate as invalid UTF-8 that no read decodes."""
+    `json_each` value at a NUL and stores a surrogate as invalid UTF-8 that no read decodes."""
     if text is None:
         return None
     if "\x00" in text:
@@ -261,28 +198,6 @@ def read_json_column(value: Any) -> Any:
     return read_json(value) if isinstance(value, str) else value
 
 
-def json_param(rows: Iterable[dict[str, Any]]) -> str:
-    """The value of a `json_rows` parameter."""
-    return json.dumps(list(rows), separators=(",", ":"))
-
-
-def _rows_param(element: json_rows, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(bindparam(element.param, type_=String()), **kw)
-
-
-@compiles(json_rows, "postgresql")
-def _pg_rows(element: json_rows, compiler: SQLCompiler, **kw: Any) -> str:
-    types = compiler.dialect.type_compiler_instance
-    cols = ", ".join(f"{c.name} {types.process(c.type)}" for c in element.columns)
-    return f"json_to_recordset(CAST({_rows_param(element, compiler, **kw)} AS json)) AS {element.name}({cols})"
-
-
-@compiles(json_rows, "sqlite")
-def _sqlite_rows(element: json_rows, compiler: SQLCompiler, **kw: Any) -> str:
-    cols = ", ".join(f"json_extract(value, '$.{c.name}') AS {c.name}" for c in element.columns)
-    return f"(SELECT {cols} FROM json_each({_rows_param(element, compiler, **kw)})) AS {element.name}"
-
-
 class Dialect:
     """What differs between the two databases, and nothing else."""
 
@@ -291,7 +206,8 @@ class Dialect:
     def __init__(self, name: str) -> None:
         self.name = name
         # Compiled hot statements (module-level constants, so `id` is a stable key).
-        self._statements: dict[int, tuple[str, tuple[str, ...] | None, dict[str, Any]]] = {}
+        self._statements: dict[int, _Hot] = {}
+        self._sqlite_row_sets: SqliteRowSets | None = None
 
     def serialize_claimers(self, conn: Connection, *then: tuple[Any, dict[str, Any]]) -> list[Ran]:
         """Take the claim lock, then run the hot statements `then` (see `run_all`) in the same
@@ -376,7 +292,7 @@ class Dialect:
     def refresh_statistics(self, conn: Connection, table: Table) -> None:
         """PostgreSQL: ANALYZE `table` after a write that changed much of it. Until autovacuum
         gets to it, its planner would take a table just filled for one of a few rows and scan
-        it once per row of a `json_rows` chunk. SQLite's plans for these statements do not
+        it once per row of a `bound_rows` set. SQLite's plans for these statements do not
         depend on statistics."""
         if self.name == "postgresql":
             conn.exec_driver_sql(f"ANALYZE {table.name}")
@@ -408,30 +324,45 @@ class Dialect:
     def execute(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> CursorResult[*tuple[Any, ...]]:
         """Run a hot statement, compiled once per engine, with `params` handed to the driver as
         they are (SQLAlchemy's parameter processing skipped). Only for plain values (str,
-        int, float, None, a `json_param`), which need no type processing."""
+        int, float, None) and `RowSet`s (`bound_rows`), which need no type processing."""
         return conn.exec_driver_sql(*self._driver_args(conn, stmt, params))
 
     def _driver_args(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> tuple[str, Any]:
-        sql, names, defaults = self._compiled(conn, stmt)
-        values = {**defaults, **params}
-        return sql, values if names is None else tuple(values[n] for n in names)
+        hot = self._compiled(conn, stmt)
+        values = {**hot.defaults, **params}
+        if hot.names is None:  # PostgreSQL: named parameters
+            return hot.sql, as_json(values, hot.row_params) if hot.row_params else values
+        if hot.row_params:
+            return self._row_sets(conn).statement(hot.sql, hot.names, hot.row_params, values)
+        return hot.sql, tuple(values[n] for n in hot.names)
+
+    def _row_sets(self, conn: Connection) -> SqliteRowSets:
+        if self._sqlite_row_sets is None:
+            self._sqlite_row_sets = SqliteRowSets(min(_sqlite_max_variables(conn), SQLITE_VALUES_AT_MOST))
+        return self._sqlite_row_sets
 
     def execute_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> CursorResult[*tuple[Any, ...]]:
-        """`execute` for many parameter sets at once (the driver's executemany); same rules."""
-        sql, names, defaults = self._compiled(conn, stmt)
-        if names is None:
-            return conn.exec_driver_sql(sql, [{**defaults, **row} for row in rows])
-        merged = ({**defaults, **row} for row in rows)
-        return conn.exec_driver_sql(sql, [tuple(values[n] for n in names) for values in merged])
+        """`execute` for many parameter sets at once (the driver's executemany); same rules, but
+        no `RowSet`s (a set is already many rows in one statement)."""
+        hot = self._compiled(conn, stmt)
+        assert not hot.row_params, "a statement with bound rows runs once per set (`execute`)"
+        if hot.names is None:
+            return conn.exec_driver_sql(hot.sql, [{**hot.defaults, **row} for row in rows])
+        merged = ({**hot.defaults, **row} for row in rows)
+        return conn.exec_driver_sql(hot.sql, [tuple(values[n] for n in hot.names) for values in merged])
 
-    def _compiled(self, conn: Connection, stmt: Any) -> tuple[str, tuple[str, ...] | None, dict[str, Any]]:
+    def _compiled(self, conn: Connection, stmt: Any) -> _Hot:
         key = id(stmt)
         found = self._statements.get(key)
         if found is None:
             compiled = stmt.compile(dialect=conn.dialect)
-            defaults = {name: bind.effective_value for name, bind in compiled.binds.items() if not bind.required}
-            names = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
-            found = self._statements[key] = (str(compiled), names, defaults)
+            binds = compiled.binds.items()
+            found = self._statements[key] = _Hot(
+                str(compiled),
+                tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None,
+                {name: bind.effective_value for name, bind in binds if not bind.required},
+                frozenset(name for name, bind in binds if isinstance(bind.type, RowSetType)),
+            )
         return found
 
     def insert_rows(
@@ -488,6 +419,17 @@ class Dialect:
 # The transaction's id as `XID_KEY` keeps it (`commit.transaction` asks about it after a lost COMMIT).
 _XID = "pg_current_xact_id()::text"
 _CLAIM_LOCK = text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK}), {_XID}")
+
+
+@dataclass(frozen=True)
+class _Hot:
+    """A hot statement as compiled for one engine: its SQL, its parameters' names in order
+    (positional drivers; None for named ones), their defaults, and which of them are `RowSet`s."""
+
+    sql: str
+    names: tuple[str, ...] | None
+    defaults: dict[str, Any]
+    row_params: frozenset[str]
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from ledger.models import AttemptOutcome, Delivery, Job, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
 from ledger.store.commit import reading, transaction
-from ledger.store.dialect import db_now, db_now_plus, json_param, json_rows, storable, unindexed
+from ledger.store.dialect import db_now, db_now_plus, storable, unindexed
+from ledger.store.row_sets import bound_rows
 from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater, Written
 
 jobs = Job.__table__  # type: ignore[attr-defined]
@@ -94,8 +95,8 @@ _EXPECTED_STATUS = {
 }
 
 
-# A group's outcomes, one row each (`_outcome_row`), as one JSON parameter: each statement below
-# writes the whole group at once. Per-row statements (an executemany) cost SQLite a step per
+# A group's outcomes, one row each (`_outcome_row`), as one set of rows (`bound_rows`): each
+# statement below writes the whole group at once. Per-row statements (an executemany) cost SQLite a step per
 # row, and every step hands the GIL to the event loop and waits to get it back: under HTTP
 # load that waiting was most of a group commit's time (issue 9).
 def _outcome_columns() -> list[ColumnClause[Any]]:
@@ -118,8 +119,8 @@ def _outcome_columns() -> list[ColumnClause[Any]]:
     ]
 
 
-_V = json_rows("v", "b_rows", *_outcome_columns(), keys="b_row_ids")  # the outcomes of one kind (request rows)
-_VA = json_rows("va", "b_attempts", *_outcome_columns(), keys="b_attempt_ids")  # the whole group (attempt rows)
+_V = bound_rows("v", "b_rows", *_outcome_columns(), keys="b_row_ids")  # the outcomes of one kind (request rows)
+_VA = bound_rows("va", "b_attempts", *_outcome_columns(), keys="b_attempt_ids")  # the whole group (attempt rows)
 _v, _va = _V.c, _VA.c
 
 
@@ -332,16 +333,16 @@ class QueueQueries(ClaimQueries):
         """
         rows = [_outcome_row(o) for o in outcomes]
         endpoints = {o.request.endpoint for o in outcomes}
-        group = json_param(rows)
+        group = _VA.rows(rows)
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for o, row in zip(outcomes, rows, strict=True):
             by_kind.setdefault(_kind(o), []).append(row)
         updates: list[tuple[Any, dict[str, Any]]] = []
         for i, (kind, of_kind) in enumerate(by_kind.items()):
-            params = _V.bind(of_kind, group if len(of_kind) == len(rows) else None)
+            params = _V.bind(group if len(of_kind) == len(rows) else of_kind)
             if i == 0:  # the group's attempts are closed with the first kind's requests
                 both = self.dialect.as_one(_WITH_ATTEMPTS[kind], (_FINISH_ATTEMPTS, _REQUEST_UPDATES[kind]))
-                params |= _VA.bind(rows, group)
+                params |= _VA.bind(group)
                 updates += [(stmt, params) for stmt in both]
             else:
                 updates.append((_REQUEST_UPDATES[kind], params))

@@ -282,7 +282,7 @@ def test_postgresql_reaches_a_group_and_a_claim_by_key_not_by_scanning_the_ledge
     """PostgreSQL takes a JSON chunk of rows for a hundred whatever it holds, and would rather
     scan a ledger of some thousands of requests than look up a hundred keys: every group commit
     of a young ledger read every request it ever had. The statements say their keys as an
-    array too (`json_rows.match`), which it looks up by index."""
+    array too (`bound_rows.match`), which it looks up by index."""
     store = Store(pg_url)
     try:
         add_requests(store, 3000)

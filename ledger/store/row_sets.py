@@ -1,0 +1,222 @@
+"""Rows handed to one statement as a table: a group commit's outcomes, a claim's picks, a chunk
+of batch results. One set-based statement writes them all, where a statement per row costs a
+step (SQLite) or a round trip (PostgreSQL) and an executor start each.
+
+`bound_rows("v", "b_rows", column("id", BigInteger), ...)` is the table (`v.c.id`, joined to
+a table with `v.match(table.c.id)`); `v.bind(rows)` gives its parameter, a `RowSet`. How the
+rows reach the database is the dialects' business, and the one thing here that differs:
+
+- PostgreSQL: one JSON parameter, `json_to_recordset`: the server parses it in one go.
+- SQLite: a `VALUES` list of plain bound values, expanded for the number of rows when the
+  statement runs (`SqliteRowSets`). Read through `json_each`, every column of every row is a
+  `json_extract` that walks the row's JSON again: a third of SQLite's own work in a group
+  commit, and a tenth of the daemon's time per request (issue 9). A set with more values
+  than one statement may bind (the driver's limit; a chunk of batch results) still goes as
+  JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from sqlalchemy import Boolean, String, and_, bindparam
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import expression
+from sqlalchemy.sql.compiler import SQLCompiler
+
+
+@dataclass(frozen=True, eq=False)
+class RowSet:
+    """The value of a `bound_rows` parameter: its rows (dicts keyed by column name; a key
+    left out is NULL), with the column order the table was declared in."""
+
+    columns: tuple[str, ...]
+    rows: Sequence[dict[str, Any]]
+
+    @cached_property
+    def as_json(self) -> str:
+        return json.dumps(list(self.rows), separators=(",", ":"))
+
+    @cached_property
+    def keys(self) -> str:
+        """The rows' `id`s as an array's text (see `bound_rows.match`)."""
+        return "{" + ",".join([str(int(row["id"])) for row in self.rows]) + "}"
+
+    def flat(self) -> list[Any]:
+        """The values row after row, in column order: a `VALUES` list's parameters."""
+        columns = self.columns
+        return [row.get(name) for row in self.rows for name in columns]
+
+
+class RowSetType(String):
+    """The type of a `bound_rows` parameter: how the store finds, in a compiled statement, the
+    parameters whose value is a `RowSet` to pass in the dialect's way."""
+
+    cache_ok = True
+
+
+class bound_rows(expression.TableClause):
+    """A `RowSet` used as a table (`UPDATE ... FROM`, `INSERT ... SELECT`, `NOT IN (SELECT ...)`)."""
+
+    inherit_cache = False  # compiled once per engine by `Dialect`, never through the statement cache
+
+    def __init__(self, name: str, param: str, *columns: expression.ColumnClause[Any], keys: str | None = None) -> None:
+        """`keys`: the name of a parameter that also holds the rows' `id`s, as an array (see `match`)."""
+        super().__init__(name, *columns)
+        self.param, self.keys = param, keys
+        self.column_names = tuple(c.name for c in columns)
+
+    def rows(self, rows: Iterable[dict[str, Any]]) -> RowSet:
+        return RowSet(self.column_names, list(rows))
+
+    def bind(self, rows: Iterable[dict[str, Any]] | RowSet) -> dict[str, Any]:
+        """The statement parameters for these rows: a `RowSet` made already (`rows`, shared by
+        statements whose tables have the same columns), or the rows themselves."""
+        row_set = rows if isinstance(rows, RowSet) else self.rows(rows)
+        assert row_set.columns == self.column_names, "a RowSet is bound to a table of the same columns"
+        if self.keys is None:
+            return {self.param: row_set}
+        return {self.param: row_set, self.keys: row_set.keys}
+
+    def match(self, col: expression.ColumnElement[Any]) -> expression.ColumnElement[bool]:
+        """`col = <this set's id>`: the join of a table to the rows, by a column it has an index on.
+
+        PostgreSQL's planner takes a JSON set for 100 rows whatever it holds, and would rather
+        scan the whole table than look 100 keys up until the table is tens of thousands of
+        rows long (every group commit of a young ledger scanned every request it ever had).
+        There the keys are also given as an array (`col = ANY(:keys)`), which it looks
+        up by index; `bind` passes them as an array's text in the parameter named `keys` (a small one:
+        parsing the set again for them cost as much as the update when it carries long
+        outputs; and an array's text, not a list, which the driver would look at element by
+        element: 38 us a list of fifty against 6 for a string). SQLite's planner needs no such hint.
+        """
+        assert self.keys is not None, "bound_rows.match needs the set's `keys` parameter"
+        return and_(col == self.c.id, _set_keys(col, self))
+
+
+def _rows_param(element: bound_rows, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(bindparam(element.param, type_=RowSetType()), **kw)
+
+
+@compiles(bound_rows, "postgresql")
+def _pg_rows(element: bound_rows, compiler: SQLCompiler, **kw: Any) -> str:
+    types = compiler.dialect.type_compiler_instance
+    cols = ", ".join(f"{c.name} {types.process(c.type)}" for c in element.columns)
+    return f"json_to_recordset(CAST({_rows_param(element, compiler, **kw)} AS json)) AS {element.name}({cols})"
+
+
+@compiles(bound_rows, "sqlite")
+def _sqlite_rows(element: bound_rows, compiler: SQLCompiler, **kw: Any) -> str:
+    # The parameter's place holds the whole SELECT, written when the statement runs (`SqliteRowSets`).
+    return f"({_rows_param(element, compiler, **kw)}) AS {element.name}"
+
+
+class _set_keys(expression.FunctionElement[Any]):
+    """`col` is one of the `id`s of a `bound_rows` set (see `bound_rows.match`)."""
+
+    inherit_cache = False
+    type = Boolean()
+
+    def __init__(self, col: expression.ColumnElement[Any], rows: bound_rows) -> None:
+        super().__init__(col)
+        self.rows = rows
+
+
+@compiles(_set_keys, "postgresql")
+def _pg_set_keys(element: _set_keys, compiler: SQLCompiler, **kw: Any) -> str:
+    col = compiler.process(next(iter(element.clauses)), **kw)
+    key_type = compiler.dialect.type_compiler_instance.process(element.rows.c.id.type)
+    keys = compiler.process(bindparam(element.rows.keys, type_=String()), **kw)
+    return f"{col} = ANY(CAST({keys} AS {key_type}[]))"
+
+
+@compiles(_set_keys, "sqlite")
+def _sqlite_set_keys(element: _set_keys, compiler: SQLCompiler, **kw: Any) -> str:
+    return "1 = 1"
+
+
+def as_json(values: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """PostgreSQL: the parameters `names` (`RowSet`s) as their JSON text."""
+    return values | {name: values[name].as_json for name in names}
+
+
+# Statements written out for a number of rows each, kept per engine: a daemon's groups come in
+# a few sizes, up to its slot limit; past this many, the least recently used go.
+_SQLITE_WRITTEN_AT_MOST = 512
+# Values a set may bind before it goes as JSON, whatever more the driver allows: a group commit
+# of up to 546 outcomes. A chunk of thousands of batch results is as fast either way, but its
+# VALUES statements, prepared and kept in the driver's statement cache, cost the daemon 28 MB
+# of peak memory in `bench.batch_100k`.
+SQLITE_VALUES_AT_MOST = 8192
+
+
+@dataclass
+class SqliteRowSets:
+    """SQLite: the statements with `bound_rows` tables, written out for the rows they get.
+
+    A compiled statement is split at its `?`; each `RowSet` parameter's `?` becomes `SELECT
+    column1 AS id, ... FROM (VALUES (?, ...), ...)`, one tuple per row, or, past `max_values`
+    values in the statement (or with no rows), `SELECT json_extract(value, '$.id') AS id, ...
+    FROM json_each(?)` with the rows as JSON."""
+
+    max_values: int  # the driver's limit, or SQLITE_VALUES_AT_MOST if that is less
+    _written: dict[tuple[Any, ...], str] = field(default_factory=dict)
+
+    def statement(
+        self, sql: str, names: tuple[str, ...], row_params: frozenset[str], values: dict[str, Any]
+    ) -> tuple[str, tuple[Any, ...]]:
+        sets: list[RowSet] = [values[name] for name in names if name in row_params]
+        plain = len(names) - len(sets)
+        as_values = plain + sum(len(s.rows) * len(s.columns) for s in sets) <= self.max_values
+        args: list[Any] = []
+        shapes: list[int] = []
+        for name in names:
+            value = values[name]
+            if name not in row_params:
+                args.append(value)
+            elif as_values and value.rows:
+                args.extend(value.flat())
+                shapes.append(len(value.rows))
+            else:
+                args.append(value.as_json)
+                shapes.append(0)
+        key = (sql, *shapes)
+        written = self._written.pop(key, None)
+        if written is None:
+            written = _write_out(sql, names, row_params, [(s.columns, n) for s, n in zip(sets, shapes, strict=True)])
+            if len(self._written) >= _SQLITE_WRITTEN_AT_MOST:
+                self._written.pop(next(iter(self._written)), None)
+        self._written[key] = written  # last: the most recently used
+        return written, tuple(args)
+
+
+def _write_out(
+    sql: str, names: tuple[str, ...], row_params: frozenset[str], sets: list[tuple[tuple[str, ...], int]]
+) -> str:
+    parts = sql.split("?")
+    assert len(parts) == len(names) + 1, "a hot statement has no '?' other than its parameters"
+    out = [parts[0]]
+    shapes = iter(sets)
+    for name, after in zip(names, parts[1:], strict=True):
+        if name in row_params:
+            columns, n = next(shapes)
+            out.append(_values_select(columns, n) if n else _json_select(columns))
+        else:
+            out.append("?")
+        out.append(after)
+    return "".join(out)
+
+
+def _values_select(columns: tuple[str, ...], n: int) -> str:
+    row = "(" + ", ".join("?" * len(columns)) + ")"
+    picked = ", ".join(f"column{i} AS {name}" for i, name in enumerate(columns, 1))
+    return f"SELECT {picked} FROM (VALUES {', '.join([row] * n)})"
+
+
+def _json_select(columns: tuple[str, ...]) -> str:
+    picked = ", ".join(f"json_extract(value, '$.{name}') AS {name}" for name in columns)
+    return f"SELECT {picked} FROM json_each(?)"
