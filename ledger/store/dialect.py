@@ -7,6 +7,8 @@ constructs defined here:
   from the process clock, so several hosts sharing one PostgreSQL agree on lease
   expiry and back-off deadlines. SQLite stores them as ISO text with microseconds
   so that plain string comparison orders them correctly.
+- PostgreSQL's BEGIN, sent by the store with a transaction's first statement, not by the
+  driver as a round trip of its own (`configure_engine`, `_begin_with`).
 - `Dialect.serialize_claimers()`: makes claim transactions run one at a time, so
   the in-flight count a claimer reads cannot be stale when it writes. PostgreSQL
   takes a transaction-scoped advisory lock; SQLite gets the same guarantee from
@@ -477,10 +479,11 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
     """PostgreSQL: `statements` as one simple query, one round trip, their results read in turn.
 
     Parameters are bound on the client (psycopg's `ClientCursor.mogrify`): the simple query
-    protocol takes several statements at once but no parameters. Not psycopg's pipeline mode,
-    which saves the transaction's BEGIN as well: it ends with a Flush after its Sync, and a
-    server that reads a Flush last stops timing the session's idleness in a transaction, so a
-    daemon frozen after it would hold the claim lock past `idle_in_transaction_session_timeout`.
+    protocol takes several statements at once but no parameters. The transaction's BEGIN goes
+    in the same query when nothing was sent before it (`_begin_with`). Not psycopg's pipeline
+    mode: it ends with a Flush after its Sync, and a server that reads a Flush last stops
+    timing the session's idleness in a transaction, so a daemon frozen after it would hold the
+    claim lock past `idle_in_transaction_session_timeout`.
 
     Outside SQLAlchemy's `execute` (which reads one result), so its error handling is done
     here as SQLAlchemy does it: a driver error comes out as SQLAlchemy's wrapped error, and
@@ -490,11 +493,12 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
     """
     raw: Any = conn.connection.driver_connection
     bound = (psycopg.ClientCursor(raw).mogrify(sql, args) for sql, args in statements)
-    query = ";\n".join([*_PLANS_BY_KEY, *bound, *_PLANS_AS_USUAL])
+    first = _begin_with(conn, _PLANS_BY_KEY)
+    query = ";\n".join([*first, *bound, *_PLANS_AS_USUAL])
     try:
         with raw.cursor(row_factory=namedtuple_row) as cursor:
             cursor.execute(query)
-            for _ in _PLANS_BY_KEY:  # their results: nothing to read
+            for _ in first:  # their results: nothing to read
                 cursor.nextset()
             found = []
             for _ in statements:
@@ -629,6 +633,39 @@ def configure_engine(engine: Engine, idle_in_transaction_s: float | None = None)
             # serialise their claims instead of deadlocking on lock upgrade.
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
-    elif name != "postgresql":
+    elif name == "postgresql":
+
+        @event.listens_for(engine, "connect")
+        def _pg_begin_ourselves(dbapi_conn: Any, _record: Any) -> None:
+            # The driver would send a transaction's BEGIN as a round trip of its own; the
+            # store sends it itself, with the transaction's first statement (`_begin_with`).
+            dbapi_conn.autocommit = True
+
+        @event.listens_for(engine, "begin")
+        def _pg_begin_later(conn: Connection) -> None:
+            conn.info[_BEGIN_DUE] = True
+
+        @event.listens_for(engine, "before_cursor_execute")
+        def _pg_begin_first(conn: Connection, cursor: Any, *_: Any) -> None:
+            if conn.info.pop(_BEGIN_DUE, False):
+                cursor.execute("BEGIN")
+
+        @event.listens_for(engine, "commit")
+        @event.listens_for(engine, "rollback")
+        def _pg_begun_no_more(conn: Connection) -> None:
+            if not conn.invalidated:  # (an invalidated connection's `info` cannot be read; it is gone)
+                conn.info.pop(_BEGIN_DUE, None)
+
+    else:
         raise ValueError(f"LEDGER_DATABASE_URL: unsupported database {name!r} (use sqlite or postgresql)")
     return Dialect(name)
+
+
+# PostgreSQL: the transaction this connection began has sent nothing yet, not even its BEGIN.
+_BEGIN_DUE = "ledger_begin_due"
+
+
+def _begin_with(conn: Connection, statements: list[str]) -> list[str]:
+    """PostgreSQL: `statements`, preceded by the transaction's BEGIN if nothing has been sent in
+    it yet: one round trip where the driver would make two (see `configure_engine`)."""
+    return ["BEGIN", *statements] if conn.info.pop(_BEGIN_DUE, False) else statements

@@ -102,7 +102,7 @@ def lose_the_commit_answer_once(store: Store, admin_dsn: str, *, skip: int = 0) 
         if cutter.due():
             dbapi_connection = conn.connection.dbapi_connection
             dbapi_connection.commit()  # the server commits ...
-            dbapi_connection.execute("SELECT 1")  # (so that the driver's own COMMIT goes to the server)
+            dbapi_connection.execute("BEGIN")  # (so that the driver's own COMMIT goes to the server)
             cutter.cut(dbapi_connection)  # ... and the answer is lost
 
     return cutter.cuts
