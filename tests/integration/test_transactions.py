@@ -1,0 +1,76 @@
+"""How the store opens its transactions. On PostgreSQL the store sends BEGIN itself (the driver is
+in autocommit mode): with the transaction's first query when that query is the hot statements'
+one (a round trip fewer per group commit), or on its own before any other first statement.
+Either way nothing may run outside the transaction."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+
+from ledger.store import Store
+from ledger.store.commit import transaction
+from ledger.store.rows import Completed, Outcome, Written
+from tests.integration.store_helpers import add_requests
+
+_LIMITS: dict[str, Any] = {"lease_seconds": 30, "global_limit": 4, "pool_limit": lambda _: 4, "max_attempts": 3}
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    s = Store(db_url, ping_on_checkout=False)  # as the daemon opens it
+    add_requests(s, 8)
+    yield s
+    s.close()
+
+
+class _Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("first", ["the hot statements' query", "a statement of SQLAlchemy's"])
+def test_a_transaction_that_fails_leaves_nothing_whichever_statement_went_first(store: Store, first: str) -> None:
+    mark = text("UPDATE llm_requests SET purpose = 'touched' WHERE id = 1")
+    with pytest.raises(_Boom), transaction(store.engine, store.dialect) as conn:
+        if first == "a statement of SQLAlchemy's":
+            conn.execute(mark)
+        else:
+            store.dialect.run_all(conn, [(mark, {})])
+        conn.execute(text("UPDATE llm_requests SET purpose = 'touched' WHERE id = 2"))
+        raise _Boom
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM llm_requests WHERE purpose = 'touched'")).scalar_one() == 0
+
+
+def test_postgresql_sends_a_group_commit_s_begin_in_its_first_query(pg_url: str, tmp_path: Path) -> None:
+    """Traced at the wire (libpq's trace of the messages the client sends): the group commit's
+    BEGIN, claim lock, writes and reads go as one query, and nothing goes before it."""
+    store = Store(pg_url, ping_on_checkout=False)
+    try:
+        add_requests(store, 8)
+        claimed = store.claim("w1", max_claims=4, **_LIMITS).requests
+        outcomes: list[Outcome] = [Completed(r, r.attempt, "ok", 1) for r in claimed]
+        trace = tmp_path / "wire.trace"
+        with trace.open("w") as sink:
+
+            @event.listens_for(store.engine, "checkout")
+            def _trace(dbapi_conn: Any, *_: Any) -> None:
+                dbapi_conn.pgconn.trace(sink.fileno())
+
+            recorded = store.record(outcomes, claim_for="w1", max_claims=4, reclaim=False, **_LIMITS)
+            event.remove(store.engine, "checkout", _trace)
+        assert recorded.written == [Written.APPLIED] * 4 and recorded.claim is not None
+        assert len(recorded.claim.requests) == 4
+        sent = re.findall(r"\bF\s+\d+\s+(\w+)\s+\"(.{0,60})", trace.read_text())
+        queries = [q for kind, q in sent if kind == "Query"]
+        assert queries, sent
+        assert queries[0].startswith("BEGIN;"), queries
+        assert not any(q.strip('"') == "BEGIN" for q in queries), queries
+        assert queries[-1].startswith("COMMIT"), queries
+    finally:
+        store.close()
