@@ -230,6 +230,8 @@ class Dialect:
         copied into the query text and parsed there, which costs more than the round trips
         saved. Either way PostgreSQL plans them with `_PLANS_BY_KEY`, set back after them.
         SQLite runs them one after the other on the driver's cursor (`_one_by_one`)."""
+        if not conn.in_transaction():  # as SQLAlchemy's own `execute` would: begin one
+            conn.begin()
         driver_args = [self._driver_args(conn, stmt, params) for stmt, params in statements]
         if self.name != "postgresql":
             return _one_by_one(conn, driver_args)
@@ -492,7 +494,7 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
     cursor events do not fire for these statements; the store registers none.)
     """
     raw: Any = conn.connection.driver_connection
-    bound = (psycopg.ClientCursor(raw).mogrify(sql, args) for sql, args in statements)
+    bound = [psycopg.ClientCursor(raw).mogrify(sql, args) for sql, args in statements]
     first = _begin_with(conn, _PLANS_BY_KEY)
     query = ";\n".join([*first, *bound, *_PLANS_AS_USUAL])
     try:
@@ -511,6 +513,8 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
         if lost:  # as SQLAlchemy does: every pooled connection of that server is suspect now
             conn.engine.pool._invalidate(conn.connection, exc)
             conn.invalidate(exc)
+        elif len(first) > len(_PLANS_BY_KEY) and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            conn.info[_BEGIN_DUE] = True  # refused whole (BEGIN too): the transaction is still to begin
         raise DBAPIError.instance(
             query, None, exc, psycopg.Error, connection_invalidated=lost, dialect=conn.dialect
         ) from exc
@@ -636,10 +640,14 @@ def configure_engine(engine: Engine, idle_in_transaction_s: float | None = None)
     elif name == "postgresql":
 
         @event.listens_for(engine, "connect")
-        def _pg_begin_ourselves(dbapi_conn: Any, _record: Any) -> None:
+        @event.listens_for(engine, "checkout")
+        def _pg_begin_ourselves(dbapi_conn: Any, *_: Any) -> None:
             # The driver would send a transaction's BEGIN as a round trip of its own; the
             # store sends it itself, with the transaction's first statement (`_begin_with`).
-            dbapi_conn.autocommit = True
+            # Again at each checkout: SQLAlchemy, which takes the driver's transactions for
+            # its own, would set the mode back after a connection ran at another isolation level.
+            if not dbapi_conn.autocommit:
+                dbapi_conn.autocommit = True
 
         @event.listens_for(engine, "begin")
         def _pg_begin_later(conn: Connection) -> None:

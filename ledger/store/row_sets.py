@@ -18,6 +18,7 @@ rows reach the database is the dialects' business, and the one thing here that d
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -165,6 +166,7 @@ class SqliteRowSets:
 
     max_values: int  # the driver's limit, or SQLITE_VALUES_AT_MOST if that is less
     _written: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # the store's threads share it
 
     def statement(
         self, sql: str, names: tuple[str, ...], row_params: frozenset[str], values: dict[str, Any]
@@ -185,12 +187,14 @@ class SqliteRowSets:
                 args.append(value.as_json)
                 shapes.append(0)
         key = (sql, *shapes)
-        written = self._written.pop(key, None)
-        if written is None:
-            written = _write_out(sql, names, row_params, [(s.columns, n) for s, n in zip(sets, shapes, strict=True)])
-            if len(self._written) >= _SQLITE_WRITTEN_AT_MOST:
-                self._written.pop(next(iter(self._written)), None)
-        self._written[key] = written  # last: the most recently used
+        with self._lock:
+            written = self._written.pop(key, None)
+            if written is None:
+                shaped = [(s.columns, n) for s, n in zip(sets, shapes, strict=True)]
+                written = _write_out(sql, names, row_params, shaped)
+                if len(self._written) >= _SQLITE_WRITTEN_AT_MOST:
+                    del self._written[next(iter(self._written))]
+            self._written[key] = written  # last: the most recently used
         return written, tuple(args)
 
 
@@ -198,7 +202,8 @@ def _write_out(
     sql: str, names: tuple[str, ...], row_params: frozenset[str], sets: list[tuple[tuple[str, ...], int]]
 ) -> str:
     parts = sql.split("?")
-    assert len(parts) == len(names) + 1, "a hot statement has no '?' other than its parameters"
+    if len(parts) != len(names) + 1:  # a '?' in a literal would shift every value after it
+        raise ValueError(f"a statement with bound rows has a '?' that is not a parameter: {sql[:200]}")
     out = [parts[0]]
     shapes = iter(sets)
     for name, after in zip(names, parts[1:], strict=True):

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event, text
+from sqlalchemy.exc import DBAPIError
 
 from ledger.store import Store
 from ledger.store.commit import transaction
@@ -47,6 +48,27 @@ def test_a_transaction_that_fails_leaves_nothing_whichever_statement_went_first(
         assert conn.execute(text("SELECT count(*) FROM llm_requests WHERE purpose = 'touched'")).scalar_one() == 0
 
 
+def test_hot_statements_on_a_connection_not_yet_in_a_transaction_begin_one(store: Store) -> None:
+    with store.engine.connect() as conn:
+        store.dialect.run_all(conn, [(text("UPDATE llm_requests SET purpose = 'touched' WHERE id = 1"), {})])
+        assert conn.in_transaction()
+    # closed without a commit: rolled back
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM llm_requests WHERE purpose = 'touched'")).scalar_one() == 0
+
+
+def test_a_transaction_goes_on_inside_itself_after_its_first_query_was_refused_whole(store: Store) -> None:
+    """PostgreSQL parses a query whole before it runs any of it: refused, its BEGIN never ran
+    either, and the transaction's next statement must still begin it."""
+    with pytest.raises(_Boom), transaction(store.engine, store.dialect) as conn:
+        with pytest.raises(DBAPIError):  # (SQLite says OperationalError, PostgreSQL ProgrammingError)
+            store.dialect.run_all(conn, [(text("UPDATE llm_requests SET purpose = 'touched' WHER id = 1"), {})])
+        conn.execute(text("UPDATE llm_requests SET purpose = 'touched' WHERE id = 2"))
+        raise _Boom
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM llm_requests WHERE purpose = 'touched'")).scalar_one() == 0
+
+
 def test_postgresql_sends_a_group_commit_s_begin_in_its_first_query(pg_url: str, tmp_path: Path) -> None:
     """Traced at the wire (libpq's trace of the messages the client sends): the group commit's
     BEGIN, claim lock, writes and reads go as one query, and nothing goes before it."""
@@ -56,14 +78,20 @@ def test_postgresql_sends_a_group_commit_s_begin_in_its_first_query(pg_url: str,
         claimed = store.claim("w1", max_claims=4, **_LIMITS).requests
         outcomes: list[Outcome] = [Completed(r, r.attempt, "ok", 1) for r in claimed]
         trace = tmp_path / "wire.trace"
+        traced: list[Any] = []
         with trace.open("w") as sink:
 
             @event.listens_for(store.engine, "checkout")
             def _trace(dbapi_conn: Any, *_: Any) -> None:
                 dbapi_conn.pgconn.trace(sink.fileno())
+                traced.append(dbapi_conn)
 
-            recorded = store.record(outcomes, claim_for="w1", max_claims=4, reclaim=False, **_LIMITS)
-            event.remove(store.engine, "checkout", _trace)
+            try:
+                recorded = store.record(outcomes, claim_for="w1", max_claims=4, reclaim=False, **_LIMITS)
+            finally:
+                event.remove(store.engine, "checkout", _trace)
+                for dbapi_conn in traced:  # before the file closes: nothing more goes to it
+                    dbapi_conn.pgconn.untrace()
         assert recorded.written == [Written.APPLIED] * 4 and recorded.claim is not None
         assert len(recorded.claim.requests) == 4
         sent = re.findall(r"\bF\s+\d+\s+(\w+)\s+\"(.{0,60})", trace.read_text())
