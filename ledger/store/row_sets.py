@@ -47,10 +47,12 @@ class RowSet:
         """The rows' `id`s as an array's text (see `bound_rows.match`)."""
         return "{" + ",".join([str(int(row["id"])) for row in self.rows]) + "}"
 
-    def flat(self) -> list[Any]:
-        """The values row after row, in column order: a `VALUES` list's parameters."""
+    @cached_property
+    def flat(self) -> tuple[Any, ...]:
+        """The values row after row, in column order: a `VALUES` list's parameters (once for the
+        statements that share the set: a group commit's attempts and requests)."""
         columns = self.columns
-        return [row.get(name) for row in self.rows for name in columns]
+        return tuple([row.get(name) for row in self.rows for name in columns])
 
 
 class RowSetType(String):
@@ -181,7 +183,7 @@ class SqliteRowSets:
             if name not in row_params:
                 args.append(value)
             elif as_values and value.rows:
-                args.extend(value.flat())
+                args.extend(value.flat)
                 shapes.append(len(value.rows))
             else:
                 args.append(value.as_json)
