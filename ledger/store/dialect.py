@@ -8,7 +8,7 @@ constructs defined here:
   expiry and back-off deadlines. SQLite stores them as ISO text with microseconds
   so that plain string comparison orders them correctly.
 - PostgreSQL's BEGIN, sent by the store with a transaction's first statement, not by the
-  driver as a round trip of its own (`configure_engine`, `_begin_with`).
+  driver as a round trip of its own (`configure_engine`, `_in_one_query`).
 - `Dialect.serialize_claimers()`: makes claim transactions run one at a time, so
   the in-flight count a claimer reads cannot be stale when it writes. PostgreSQL
   takes a transaction-scoped advisory lock; SQLite gets the same guarantee from
@@ -49,7 +49,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.selectable import Select
 
-from ledger.store.row_sets import SQLITE_VALUES_AT_MOST, RowSetType, SqliteRowSets, as_json
+from ledger.store.row_sets import SQLITE_VALUES_AT_MOST, RowSetType, as_json, sqlite_statement
 
 # Where a transaction keeps its PostgreSQL transaction id (Connection.info) until it commits.
 XID_KEY = "ledger_xid"
@@ -209,7 +209,7 @@ class Dialect:
         self.name = name
         # Compiled hot statements (module-level constants, so `id` is a stable key).
         self._statements: dict[int, _Hot] = {}
-        self._sqlite_row_sets: SqliteRowSets | None = None
+        self._sqlite_max_values: int | None = None  # values a statement binds as VALUES (`sqlite_statement`)
 
     def serialize_claimers(self, conn: Connection, *then: tuple[Any, dict[str, Any]]) -> list[Ran]:
         """Take the claim lock, then run the hot statements `then` (see `run_all`) in the same
@@ -337,13 +337,10 @@ class Dialect:
         if hot.names is None:  # PostgreSQL: named parameters
             return hot.sql, as_json(values, hot.row_params) if hot.row_params else values
         if hot.row_params:
-            return self._row_sets(conn).statement(hot.sql, hot.names, hot.row_params, values)
+            if self._sqlite_max_values is None:
+                self._sqlite_max_values = min(_sqlite_max_variables(conn), SQLITE_VALUES_AT_MOST)
+            return sqlite_statement(hot.sql, hot.names, hot.row_params, values, self._sqlite_max_values)
         return hot.sql, tuple(values[n] for n in hot.names)
-
-    def _row_sets(self, conn: Connection) -> SqliteRowSets:
-        if self._sqlite_row_sets is None:
-            self._sqlite_row_sets = SqliteRowSets(min(_sqlite_max_variables(conn), SQLITE_VALUES_AT_MOST))
-        return self._sqlite_row_sets
 
     def execute_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> CursorResult[*tuple[Any, ...]]:
         """`execute` for many parameter sets at once (the driver's executemany); same rules, but
@@ -482,7 +479,7 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
 
     Parameters are bound on the client (psycopg's `ClientCursor.mogrify`): the simple query
     protocol takes several statements at once but no parameters. The transaction's BEGIN goes
-    in the same query when nothing was sent before it (`_begin_with`). Not psycopg's pipeline
+    in the same query when nothing was sent before it. Not psycopg's pipeline
     mode: it ends with a Flush after its Sync, and a server that reads a Flush last stops
     timing the session's idleness in a transaction, so a daemon frozen after it would hold the
     claim lock past `idle_in_transaction_session_timeout`.
@@ -495,7 +492,10 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
     """
     raw: Any = conn.connection.driver_connection
     bound = [psycopg.ClientCursor(raw).mogrify(sql, args) for sql, args in statements]
-    first = _begin_with(conn, _PLANS_BY_KEY)
+    # The transaction's BEGIN, if nothing was sent in it yet: one round trip where the driver
+    # would make two (see `configure_engine`).
+    began = conn.info.pop(_BEGIN_DUE, False)
+    first = ["BEGIN", *_PLANS_BY_KEY] if began else _PLANS_BY_KEY
     query = ";\n".join([*first, *bound, *_PLANS_AS_USUAL])
     try:
         with raw.cursor(row_factory=namedtuple_row) as cursor:
@@ -513,7 +513,7 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
         if lost:  # as SQLAlchemy does: every pooled connection of that server is suspect now
             conn.engine.pool._invalidate(conn.connection, exc)
             conn.invalidate(exc)
-        elif len(first) > len(_PLANS_BY_KEY) and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        elif began and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             conn.info[_BEGIN_DUE] = True  # refused whole (BEGIN too): the transaction is still to begin
         raise DBAPIError.instance(
             query, None, exc, psycopg.Error, connection_invalidated=lost, dialect=conn.dialect
@@ -639,13 +639,12 @@ def configure_engine(engine: Engine, idle_in_transaction_s: float | None = None)
 
     elif name == "postgresql":
 
-        @event.listens_for(engine, "connect")
         @event.listens_for(engine, "checkout")
         def _pg_begin_ourselves(dbapi_conn: Any, *_: Any) -> None:
             # The driver would send a transaction's BEGIN as a round trip of its own; the
-            # store sends it itself, with the transaction's first statement (`_begin_with`).
-            # Again at each checkout: SQLAlchemy, which takes the driver's transactions for
-            # its own, would set the mode back after a connection ran at another isolation level.
+            # store sends it itself, with the transaction's first statement (`_in_one_query`).
+            # At each checkout: SQLAlchemy, which takes the driver's transactions for its own,
+            # would set the mode back after a connection ran at another isolation level.
             if not dbapi_conn.autocommit:
                 dbapi_conn.autocommit = True
 
@@ -671,9 +670,3 @@ def configure_engine(engine: Engine, idle_in_transaction_s: float | None = None)
 
 # PostgreSQL: the transaction this connection began has sent nothing yet, not even its BEGIN.
 _BEGIN_DUE = "ledger_begin_due"
-
-
-def _begin_with(conn: Connection, statements: list[str]) -> list[str]:
-    """PostgreSQL: `statements`, preceded by the transaction's BEGIN if nothing has been sent in
-    it yet: one round trip where the driver would make two (see `configure_engine`)."""
-    return ["BEGIN", *statements] if conn.info.pop(_BEGIN_DUE, False) else statements

@@ -8,7 +8,7 @@ rows reach the database is the dialects' business, and the one thing here that d
 
 - PostgreSQL: one JSON parameter, `json_to_recordset`: the server parses it in one go.
 - SQLite: a `VALUES` list of plain bound values, expanded for the number of rows when the
-  statement runs (`SqliteRowSets`). Read through `json_each`, every column of every row is a
+  statement runs (`sqlite_statement`). Read through `json_each`, every column of every row is a
   `json_extract` that walks the row's JSON again: a third of SQLite's own work in a group
   commit, and a tenth of the daemon's time per request (issue 9). A set with more values
   than one statement may bind (the driver's limit; a chunk of batch results) still goes as
@@ -17,10 +17,10 @@ rows reach the database is the dialects' business, and the one thing here that d
 
 from __future__ import annotations
 
+import functools
 import json
-import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -114,7 +114,7 @@ def _pg_rows(element: bound_rows, compiler: SQLCompiler, **kw: Any) -> str:
 
 @compiles(bound_rows, "sqlite")
 def _sqlite_rows(element: bound_rows, compiler: SQLCompiler, **kw: Any) -> str:
-    # The parameter's place holds the whole SELECT, written when the statement runs (`SqliteRowSets`).
+    # The parameter's place holds the whole SELECT, written when the statement runs (`sqlite_statement`).
     return f"({_rows_param(element, compiler, **kw)}) AS {element.name}"
 
 
@@ -147,9 +147,6 @@ def as_json(values: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
     return values | {name: values[name].as_json for name in names}
 
 
-# Statements written out for a number of rows each, kept per engine: a daemon's groups come in
-# a few sizes, up to its slot limit; past this many, the least recently used go.
-_SQLITE_WRITTEN_AT_MOST = 512
 # Values a set may bind before it goes as JSON, whatever more the driver allows: a group commit
 # of up to 546 outcomes. A chunk of thousands of batch results is as fast either way, but its
 # VALUES statements, prepared and kept in the driver's statement cache, cost the daemon 28 MB
@@ -157,60 +154,45 @@ _SQLITE_WRITTEN_AT_MOST = 512
 SQLITE_VALUES_AT_MOST = 8192
 
 
-@dataclass
-class SqliteRowSets:
-    """SQLite: the statements with `bound_rows` tables, written out for the rows they get.
+def sqlite_statement(
+    sql: str, names: tuple[str, ...], row_params: frozenset[str], values: dict[str, Any], max_values: int
+) -> tuple[str, tuple[Any, ...]]:
+    """SQLite: a compiled statement with `bound_rows` tables, written out for the rows it gets.
 
-    A compiled statement is split at its `?`; each `RowSet` parameter's `?` becomes `SELECT
-    column1 AS id, ... FROM (VALUES (?, ...), ...)`, one tuple per row, or, past `max_values`
-    values in the statement (or with no rows), `SELECT json_extract(value, '$.id') AS id, ...
-    FROM json_each(?)` with the rows as JSON."""
-
-    max_values: int  # the driver's limit, or SQLITE_VALUES_AT_MOST if that is less
-    _written: dict[tuple[Any, ...], str] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)  # the store's threads share it
-
-    def statement(
-        self, sql: str, names: tuple[str, ...], row_params: frozenset[str], values: dict[str, Any]
-    ) -> tuple[str, tuple[Any, ...]]:
-        sets: list[RowSet] = [values[name] for name in names if name in row_params]
-        plain = len(names) - len(sets)
-        as_values = plain + sum(len(s.rows) * len(s.columns) for s in sets) <= self.max_values
-        args: list[Any] = []
-        shapes: list[int] = []
-        for name in names:
-            value = values[name]
-            if name not in row_params:
-                args.append(value)
-            elif as_values and value.rows:
-                args.extend(value.flat)
-                shapes.append(len(value.rows))
-            else:
-                args.append(value.as_json)
-                shapes.append(0)
-        key = (sql, *shapes)
-        with self._lock:
-            written = self._written.pop(key, None)
-            if written is None:
-                shaped = [(s.columns, n) for s, n in zip(sets, shapes, strict=True)]
-                written = _write_out(sql, names, row_params, shaped)
-                if len(self._written) >= _SQLITE_WRITTEN_AT_MOST:
-                    del self._written[next(iter(self._written))]
-            self._written[key] = written  # last: the most recently used
-        return written, tuple(args)
+    The statement is split at its `?`; each `RowSet` parameter's `?` becomes `SELECT column1 AS
+    id, ... FROM (VALUES (?, ...), ...)`, one tuple per row, or, past `max_values` values in the
+    statement (the driver's limit, or SQLITE_VALUES_AT_MOST if that is less), or with no rows,
+    `SELECT json_extract(value, '$.id') AS id, ... FROM json_each(?)` with the rows as JSON."""
+    sets: list[RowSet] = [values[name] for name in names if name in row_params]
+    as_values = len(names) - len(sets) + sum(len(s.rows) * len(s.columns) for s in sets) <= max_values
+    args: list[Any] = []
+    shapes: list[tuple[tuple[str, ...], int]] = []  # per set: its columns, its rows as VALUES (0: as JSON)
+    for name in names:
+        value = values[name]
+        if name not in row_params:
+            args.append(value)
+        elif as_values and value.rows:
+            args.extend(value.flat)
+            shapes.append((value.columns, len(value.rows)))
+        else:
+            args.append(value.as_json)
+            shapes.append((value.columns, 0))
+    return _written_out(sql, names, row_params, tuple(shapes)), tuple(args)
 
 
-def _write_out(
-    sql: str, names: tuple[str, ...], row_params: frozenset[str], sets: list[tuple[tuple[str, ...], int]]
+# Kept per shape: a daemon's groups come in a few sizes, up to its slot limit.
+@functools.lru_cache(maxsize=512)
+def _written_out(
+    sql: str, names: tuple[str, ...], row_params: frozenset[str], shapes: tuple[tuple[tuple[str, ...], int], ...]
 ) -> str:
     parts = sql.split("?")
     if len(parts) != len(names) + 1:  # a '?' in a literal would shift every value after it
         raise ValueError(f"a statement with bound rows has a '?' that is not a parameter: {sql[:200]}")
     out = [parts[0]]
-    shapes = iter(sets)
+    each = iter(shapes)
     for name, after in zip(names, parts[1:], strict=True):
         if name in row_params:
-            columns, n = next(shapes)
+            columns, n = next(each)
             out.append(_values_select(columns, n) if n else _json_select(columns))
         else:
             out.append("?")

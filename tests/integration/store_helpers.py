@@ -12,6 +12,17 @@ from ledger.enqueue import build_spec, to_row
 from ledger.store import Store
 
 
+@contextmanager
+def daemon_store(url: str, queued: int = 0) -> Iterator[Store]:
+    """A store opened as the daemon opens it, with `queued` requests (`add_requests`), closed after."""
+    store = Store(url, ping_on_checkout=False)
+    try:
+        add_requests(store, queued)
+        yield store
+    finally:
+        store.close()
+
+
 def add_requests(
     store: Store,
     n: int,

@@ -26,17 +26,15 @@ from ledger.store.batches import BatchGroup, BatchLease
 from ledger.store.queue import CancelResult
 from ledger.store.rows import Completed, Outcome, Written
 from tests.integration.batch_helpers import batch_settings, batches_t, rows
-from tests.integration.store_helpers import add_requests, kept_records
+from tests.integration.store_helpers import add_requests, daemon_store, kept_records
 
 T = TypeVar("T")
 
 
 @pytest.fixture
 def store(pg_url: str) -> Iterator[Store]:
-    s = Store(pg_url, ping_on_checkout=False)  # as the daemon opens it
-    add_requests(s, 2)
-    yield s
-    s.close()
+    with daemon_store(pg_url, queued=2) as s:
+        yield s
 
 
 class _BackendCutter:

@@ -16,7 +16,7 @@ from ledger.store import Store
 from ledger.store.commit import transaction
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import Completed, Outcome, Written
-from tests.integration.store_helpers import add_requests
+from tests.integration.store_helpers import daemon_store
 
 _COLUMNS = (column("id", BigInteger), column("text", Text), column("n", Integer), column("x", Float))
 _SET = bound_rows("v", "b_set", *_COLUMNS)
@@ -60,9 +60,8 @@ def _lower_sqlite_value_limit(store: Store, limit: int) -> list[str]:
 
 @pytest.fixture
 def store(db_url: str) -> Iterator[Store]:
-    s = Store(db_url)
-    yield s
-    s.close()
+    with daemon_store(db_url) as s:
+        yield s
 
 
 def test_a_set_of_rows_reads_back_as_given_with_the_parameters_around_it_in_place(store: Store) -> None:
@@ -74,8 +73,7 @@ def test_a_set_of_rows_reads_back_as_given_with_the_parameters_around_it_in_plac
 def test_sqlite_reads_a_set_past_its_bound_value_limit_as_json_the_same(sqlite_url: str) -> None:
     """Five columns of 300 rows is 1,500 values: past SQLite's limit before 3.32 (999), the set
     goes as one JSON parameter, and reads back the same."""
-    store = Store(sqlite_url)
-    try:
+    with daemon_store(sqlite_url) as store:
         ran = _lower_sqlite_value_limit(store, 999)
         many = [{"id": i, "text": f"row {i} ✓", "n": i * 3, "x": i / 8} for i in range(300)]
         assert _read(store, many) == _expected(many)
@@ -83,16 +81,12 @@ def test_sqlite_reads_a_set_past_its_bound_value_limit_as_json_the_same(sqlite_u
         ran.clear()
         assert _read(store, _ROWS) == _expected(_ROWS)
         assert any("FROM (VALUES (" in sql for sql in ran) and not any("json_each" in sql for sql in ran)
-    finally:
-        store.close()
 
 
 def test_sqlite_writes_a_group_commit_past_its_bound_value_limit_row_by_row_as_reported(sqlite_url: str) -> None:
     """A daemon with a high slot limit commits a group of hundreds of outcomes, 15 values each:
     past the driver's limit, every outcome still lands on its own row."""
-    store = Store(sqlite_url)
-    try:
-        add_requests(store, 80)
+    with daemon_store(sqlite_url, queued=80) as store:
         _lower_sqlite_value_limit(store, 999)
         limits = {"lease_seconds": 30, "global_limit": 80, "pool_limit": lambda _: 80, "max_attempts": 3}
         claimed = store.claim("w1", max_claims=80, **limits).requests
@@ -104,5 +98,3 @@ def test_sqlite_writes_a_group_commit_past_its_bound_value_limit_row_by_row_as_r
             row = store.get_request(r.id)
             assert row is not None and row["status"] == "completed"
             assert (row["raw_output"], row["input_tokens"], row["output_tokens"]) == (f"answer {r.id}", r.id, 2 * r.id)
-    finally:
-        store.close()

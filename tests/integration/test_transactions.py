@@ -17,17 +17,15 @@ from sqlalchemy.exc import DBAPIError
 from ledger.store import Store
 from ledger.store.commit import transaction
 from ledger.store.rows import Completed, Outcome, Written
-from tests.integration.store_helpers import add_requests
+from tests.integration.store_helpers import daemon_store
 
 _LIMITS: dict[str, Any] = {"lease_seconds": 30, "global_limit": 4, "pool_limit": lambda _: 4, "max_attempts": 3}
 
 
 @pytest.fixture
 def store(db_url: str) -> Iterator[Store]:
-    s = Store(db_url, ping_on_checkout=False)  # as the daemon opens it
-    add_requests(s, 8)
-    yield s
-    s.close()
+    with daemon_store(db_url, queued=8) as s:
+        yield s
 
 
 class _Boom(Exception):
@@ -72,9 +70,7 @@ def test_a_transaction_goes_on_inside_itself_after_its_first_query_was_refused_w
 def test_postgresql_sends_a_group_commit_s_begin_in_its_first_query(pg_url: str, tmp_path: Path) -> None:
     """Traced at the wire (libpq's trace of the messages the client sends): the group commit's
     BEGIN, claim lock, writes and reads go as one query, and nothing goes before it."""
-    store = Store(pg_url, ping_on_checkout=False)
-    try:
-        add_requests(store, 8)
+    with daemon_store(pg_url, queued=8) as store:
         claimed = store.claim("w1", max_claims=4, **_LIMITS).requests
         outcomes: list[Outcome] = [Completed(r, r.attempt, "ok", 1) for r in claimed]
         trace = tmp_path / "wire.trace"
@@ -100,5 +96,3 @@ def test_postgresql_sends_a_group_commit_s_begin_in_its_first_query(pg_url: str,
         assert queries[0].startswith("BEGIN;"), queries
         assert not any(q.strip('"') == "BEGIN" for q in queries), queries
         assert queries[-1].startswith("COMMIT"), queries
-    finally:
-        store.close()
