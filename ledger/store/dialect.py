@@ -236,9 +236,9 @@ class Dialect:
         if self.name != "postgresql":
             return _one_by_one(conn, driver_args)
         if _size(driver_args) > INLINE_AT_MOST:
-            conn.exec_driver_sql(";\n".join(_PLANS_BY_KEY))  # no parameters: one simple query
+            conn.exec_driver_sql(_PLANS_BY_KEY)
             found = [Ran.read(conn.exec_driver_sql(sql, args)) for sql, args in driver_args]
-            conn.exec_driver_sql(";\n".join(_PLANS_AS_USUAL))
+            conn.exec_driver_sql(_PLANS_AS_USUAL)
             return found
         return _in_one_query(conn, driver_args)
 
@@ -463,10 +463,13 @@ INLINE_AT_MOST = 64 * 1024
 # and compiling one took 24-370 ms.
 # Transaction-local, and set back right after those statements: the transaction's others
 # (a budget's OR of two indexes, say) keep their usual plans. "Back" is the server's and the
-# connection's setting (`TO DEFAULT`); the store sets neither at session level.
+# connection's setting (`set_config` to NULL is `SET LOCAL ... TO DEFAULT`); the store sets
+# neither at session level. One statement each way, not a `SET LOCAL` per setting: each
+# statement of a query is a result the driver reads in Python (`_in_one_query`).
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 _PLANNER_SETTINGS = {"enable_nestloop": "off", "enable_bitmapscan": "off", "enable_seqscan": "off", "jit": "off"}
-_PLANS_BY_KEY = [f"SET LOCAL {name} = {value}" for name, value in _PLANNER_SETTINGS.items()]
-_PLANS_AS_USUAL = [f"SET LOCAL {name} TO DEFAULT" for name in _PLANNER_SETTINGS]
+_PLANS_BY_KEY = "SELECT " + ", ".join(f"set_config('{k}', '{v}', true) AS {k}" for k, v in _PLANNER_SETTINGS.items())
+_PLANS_AS_USUAL = "SELECT " + ", ".join(f"set_config('{k}', NULL, true) AS {k}" for k in _PLANNER_SETTINGS)
 
 
 def _size(driver_args: list[tuple[str, Any]]) -> int:
@@ -495,8 +498,12 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
     # The transaction's BEGIN, if nothing was sent in it yet: one round trip where the driver
     # would make two (see `configure_engine`).
     began = conn.info.pop(_BEGIN_DUE, False)
-    first = ["BEGIN", *_PLANS_BY_KEY] if began else _PLANS_BY_KEY
-    query = ";\n".join([*first, *bound, *_PLANS_AS_USUAL])
+    first = ["BEGIN", _PLANS_BY_KEY] if began else [_PLANS_BY_KEY]
+    query = ";\n".join([*first, *bound, _PLANS_AS_USUAL])
+    # A query text made once (its values are in it) is never prepared: the driver's bookkeeping
+    # of texts to prepare (a key hashed over the whole text, each result matched against a
+    # pattern) is skipped for it, and set back after it for the statements SQLAlchemy repeats.
+    prepare_threshold, raw.prepare_threshold = raw.prepare_threshold, None
     try:
         with raw.cursor(row_factory=namedtuple_row) as cursor:
             cursor.execute(query)
@@ -504,7 +511,9 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
                 cursor.nextset()
             found = []
             for _ in statements:
-                found.append(Ran(cursor.fetchall() if cursor.description else [], cursor.rowcount))
+                result = cursor.pgresult
+                rows = cursor.fetchall() if result is not None and result.status == _TUPLES_OK else []
+                found.append(Ran(rows, cursor.rowcount))
                 cursor.nextset()
             return found
     except psycopg.Error as exc:
@@ -518,6 +527,8 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
         raise DBAPIError.instance(
             query, None, exc, psycopg.Error, connection_invalidated=lost, dialect=conn.dialect
         ) from exc
+    finally:
+        raw.prepare_threshold = prepare_threshold
 
 
 def _one_by_one(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ran]:

@@ -96,3 +96,23 @@ def test_postgresql_sends_a_group_commit_s_begin_in_its_first_query(pg_url: str,
         assert queries[0].startswith("BEGIN;"), queries
         assert not any(q.strip('"') == "BEGIN" for q in queries), queries
         assert queries[-1].startswith("COMMIT"), queries
+
+
+def test_postgresql_still_prepares_what_sqlalchemy_repeats_between_hot_queries(pg_url: str) -> None:
+    """The hot statements' query text is made once (its values are in it) and skips the driver's
+    bookkeeping of texts to prepare; that bookkeeping is the connection's, and is back on
+    after them, even when the server refuses one: the statements SQLAlchemy repeats (lease
+    renewals, heartbeats) are still prepared after their fifth run."""
+    with daemon_store(pg_url, queued=2) as store, transaction(store.engine, store.dialect) as conn:
+        raw: Any = conn.connection.driver_connection
+        threshold = raw.prepare_threshold
+        with pytest.raises(DBAPIError), conn.begin_nested():
+            store.dialect.run_all(conn, [(text("SELECT no_such_column FROM llm_requests"), {})])
+        assert raw.prepare_threshold == threshold
+        repeated = text("SELECT count(*) FROM llm_requests WHERE id = :id")
+        for i in range(threshold + 1):
+            conn.execute(repeated, {"id": i})
+            store.dialect.run_all(conn, [(text("UPDATE llm_requests SET purpose = :p WHERE id = 1"), {"p": f"x{i}"})])
+        assert raw.prepare_threshold == threshold
+        prepared = conn.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
+        assert any("llm_requests" in statement and "count" in statement for statement in prepared), prepared
