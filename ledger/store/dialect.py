@@ -473,8 +473,13 @@ _PLANS_AS_USUAL = "SELECT " + ", ".join(f"set_config('{k}', NULL, true) AS {k}" 
 
 
 def _size(driver_args: list[tuple[str, Any]]) -> int:
-    values = (v for _, args in driver_args for v in (args.values() if isinstance(args, dict) else args))
-    return sum(len(v) for v in values if isinstance(v, str))
+    """The statements' text parameters' length (a plain loop: this runs at every group commit)."""
+    size = 0
+    for _, args in driver_args:
+        for value in args.values() if isinstance(args, dict) else args:
+            if isinstance(value, str):
+                size += len(value)
+    return size
 
 
 def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ran]:
@@ -494,7 +499,8 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
     cursor events do not fire for these statements; the store registers none.)
     """
     raw: Any = conn.connection.driver_connection
-    bound = [psycopg.ClientCursor(raw).mogrify(sql, args) for sql, args in statements]
+    binder = psycopg.ClientCursor(raw)
+    bound = [binder.mogrify(sql, args) for sql, args in statements]
     # The transaction's BEGIN, if nothing was sent in it yet: one round trip where the driver
     # would make two (see `configure_engine`).
     began = conn.info.pop(_BEGIN_DUE, False)
