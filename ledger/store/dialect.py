@@ -236,9 +236,9 @@ class Dialect:
         if self.name != "postgresql":
             return _one_by_one(conn, driver_args)
         if _size(driver_args) > INLINE_AT_MOST:
-            conn.exec_driver_sql(_PLANS_BY_KEY)
+            conn.exec_driver_sql(_PLANS_BY_KEY).close()  # a row of settings: nothing to read
             found = [Ran.read(conn.exec_driver_sql(sql, args)) for sql, args in driver_args]
-            conn.exec_driver_sql(_PLANS_AS_USUAL)
+            conn.exec_driver_sql(_PLANS_AS_USUAL).close()
             return found
         return _in_one_query(conn, driver_args)
 
@@ -448,7 +448,7 @@ class Ran:
         return iter(self.rows)
 
 
-# Parameter bytes up to which `run_all` sends its statements as one query on PostgreSQL.
+# Parameter characters up to which `run_all` sends its statements as one query on PostgreSQL.
 INLINE_AT_MOST = 64 * 1024
 # The plans `run_all`'s statements get on PostgreSQL, whatever the planner estimates: each
 # reaches rows by key, a JSON chunk joined to rows by primary key (a hash join: the planner,
@@ -473,7 +473,8 @@ _PLANS_AS_USUAL = "SELECT " + ", ".join(f"set_config('{k}', NULL, true) AS {k}" 
 
 
 def _size(driver_args: list[tuple[str, Any]]) -> int:
-    """The statements' text parameters' length (a plain loop: this runs at every group commit)."""
+    """The statements' text parameters' length in characters (a plain loop: this runs at every
+    group commit)."""
     size = 0
     for _, args in driver_args:
         for value in args.values() if isinstance(args, dict) else args:
@@ -506,9 +507,10 @@ def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[R
     began = conn.info.pop(_BEGIN_DUE, False)
     first = ["BEGIN", _PLANS_BY_KEY] if began else [_PLANS_BY_KEY]
     query = ";\n".join([*first, *bound, _PLANS_AS_USUAL])
-    # A query text made once (its values are in it) is never prepared: the driver's bookkeeping
-    # of texts to prepare (a key hashed over the whole text, each result matched against a
-    # pattern) is skipped for it, and set back after it for the statements SQLAlchemy repeats.
+    # A query text made once (its values are in it, and it has several statements) is never
+    # prepared: the driver's bookkeeping of texts to prepare (a key hashed over the whole text,
+    # a cache looked up and updated) is skipped for it, and set back after it for the
+    # statements SQLAlchemy repeats.
     prepare_threshold, raw.prepare_threshold = raw.prepare_threshold, None
     try:
         with raw.cursor(row_factory=namedtuple_row) as cursor:
