@@ -466,7 +466,6 @@ INLINE_AT_MOST = 64 * 1024
 # connection's setting (`set_config` to NULL is `SET LOCAL ... TO DEFAULT`); the store sets
 # neither at session level. One statement each way, not a `SET LOCAL` per setting: each
 # statement of a query is a result the driver reads in Python (`_in_one_query`).
-_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 _PLANNER_SETTINGS = {"enable_nestloop": "off", "enable_bitmapscan": "off", "enable_seqscan": "off", "jit": "off"}
 _PLANS_BY_KEY = "SELECT " + ", ".join(f"set_config('{k}', '{v}', true) AS {k}" for k, v in _PLANNER_SETTINGS.items())
 _PLANS_AS_USUAL = "SELECT " + ", ".join(f"set_config('{k}', NULL, true) AS {k}" for k in _PLANNER_SETTINGS)
@@ -481,6 +480,10 @@ def _size(driver_args: list[tuple[str, Any]]) -> int:
             if isinstance(value, str):
                 size += len(value)
     return size
+
+
+# A result with rows to read (a SELECT, a RETURNING); the others are command statuses only.
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
 def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ran]:
