@@ -46,11 +46,11 @@ from adapters.base import (
 from adapters.registry import BATCH_PROVIDERS, make_batch_adapter
 from ledger import events
 from ledger.executor import stored_call
-from ledger.models import BatchStatus
 from ledger.prices import Price, PriceTable
 from ledger.record import DbLane
 from ledger.retry import RetryPolicy
 from ledger.settings import Settings
+from ledger.statuses import BatchStatus
 from ledger.store import Store
 from ledger.store.batch_results import LineOutcome, Mapped
 from ledger.store.batches import BatchGroup, BatchLease, BatchLeaseLost

@@ -18,8 +18,8 @@ from rich.table import Table
 from ledger.cli_jobs import register_job_commands
 from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
 from ledger.enqueue import Defaults
-from ledger.models import Delivery, RequestStatus
 from ledger.settings import Settings
+from ledger.statuses import Delivery, RequestStatus
 
 app = typer.Typer(
     name="ledger",

@@ -31,11 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from adapters.registry import PROVIDER_NAMES
 from ledger.fingerprint import body_hash, canonical, json_texts
-from ledger.models import Delivery
 from ledger.params import params_problem
 from ledger.pools import endpoint_for, normalize_endpoint
 from ledger.prices import PriceTable, token_estimate
 from ledger.settings import DEFAULT_MAX_LINE_BYTES
+from ledger.statuses import Delivery
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Body keys that are not sampling parameters.

@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from ledger.enqueue import RequestSpec, build_spec
-from ledger.models import OPEN_STATUSES, Delivery, RequestStatus
 from ledger.parsing import RejectedEntry, evaluation_schema, parse_structured, parse_verdict
 from ledger.spec import AgentSpec, DimensionSpec, JobSpec
+from ledger.statuses import OPEN_STATUSES, Delivery, RequestStatus
 
 SINGLE, STRUCTURED = "single", "structured"
 PURPOSE = "evaluation"

@@ -29,10 +29,10 @@ from adapters.registry import STRUCTURED_OUTPUT_PROVIDERS
 from ledger import events
 from ledger.enqueue import to_row
 from ledger.evaluation import Plan, elapsed_seconds, plan, requests_for, single_request
-from ledger.models import JobStatus
 from ledger.record import DbLane
 from ledger.settings import Settings
 from ledger.spec import JobSpec
+from ledger.statuses import JobStatus
 from ledger.store import Store
 from ledger.store.jobs import Staged, TriggerRefused
 from ledger.waits import first_done

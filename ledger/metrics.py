@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ledger.models import RequestStatus
 from ledger.settings import Settings, SettingsError
+from ledger.statuses import RequestStatus
 from ledger.store.audit import LedgerCounts
 from ledger.store.rows import Claim, Completed, Failed, Outcome, Written
 from ledger.store.schema import one_line

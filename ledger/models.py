@@ -29,6 +29,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
+# The status columns' values (ledger/statuses.py): their CHECK constraints are made here.
+from ledger.statuses import AttemptOutcome, BatchStatus, Delivery, JobStatus, RequestStatus
+
 
 def server_now() -> Any:
     """Server default for timestamps: valid on both databases, the database's clock."""
@@ -39,54 +42,6 @@ def server_now() -> Any:
 IdType = BigInteger().with_variant(Integer(), "sqlite")
 # JSONB on PostgreSQL so audits can index and query inside inputs and traces.
 JsonType = JSON().with_variant(JSONB(), "postgresql")
-
-
-class RequestStatus(StrEnum):
-    QUEUED = "queued"  # waiting for a slot (or for next_attempt_at)
-    RUNNING = "running"  # claimed by a worker: this row IS an occupied slot
-    SUBMITTED = "submitted"  # inside a provider batch job
-    COMPLETED = "completed"
-    ERROR = "error"
-    CANCELED = "canceled"
-
-
-FINAL_STATUSES = (RequestStatus.COMPLETED, RequestStatus.ERROR, RequestStatus.CANCELED)
-# Not final yet: waiting, in flight online, or inside a provider batch.
-OPEN_STATUSES = (RequestStatus.QUEUED, RequestStatus.RUNNING, RequestStatus.SUBMITTED)
-
-
-class Delivery(StrEnum):
-    ONLINE = "online"
-    BATCH = "batch"
-
-
-class AttemptOutcome(StrEnum):
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    TIMEOUT = "timeout"
-    LOST = "lost"  # the worker died (lease expired) or was stopped mid-call
-    CANCELED = "canceled"
-    # The provider batch expired before reaching this request: no answer, not counted
-    # against RETRY_MAX_ATTEMPTS (like a batch canceled before reaching it: `canceled`).
-    EXPIRED = "expired"
-
-
-class BatchStatus(StrEnum):
-    QUEUED = "queued"
-    SUBMITTING = "submitting"
-    SUBMITTED = "submitted"
-    COMPLETED = "completed"
-    ERROR = "error"
-    CANCELED = "canceled"
-
-
-class JobStatus(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELED = "canceled"
 
 
 def _check(column: str, enum: type[StrEnum]) -> CheckConstraint:

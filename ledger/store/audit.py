@@ -10,16 +10,8 @@ from typing import Any
 from sqlalchemy import case, column, func, select, table
 from sqlalchemy.engine import Engine
 
-from ledger.models import (
-    BATCH_AUDIT_VIEW,
-    AttemptOutcome,
-    Delivery,
-    LlmAttempt,
-    LlmBatch,
-    LlmPool,
-    LlmRequest,
-    RequestStatus,
-)
+from ledger.models import BATCH_AUDIT_VIEW, LlmAttempt, LlmBatch, LlmPool, LlmRequest
+from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store.commit import reading
 from ledger.store.dialect import db_now
 

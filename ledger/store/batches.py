@@ -38,7 +38,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from ledger.models import AttemptOutcome, BatchStatus, Delivery, LlmBatch, RequestStatus
+from ledger.models import LlmBatch
+from ledger.statuses import AttemptOutcome, BatchStatus, Delivery, RequestStatus
 from ledger.store.claim import QUEUED, Budget, attempts, requests
 from ledger.store.commit import any_row, reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus, unindexed

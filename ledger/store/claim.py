@@ -39,7 +39,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.models import AttemptOutcome, Delivery, Job, LlmAttempt, LlmRequest, LlmWorker, RequestStatus
+from ledger.models import Job, LlmAttempt, LlmRequest, LlmWorker
+from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.commit import transaction
 from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, read_json_column, unindexed

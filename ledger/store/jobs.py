@@ -21,7 +21,8 @@ from typing import Any
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.models import FINAL_STATUSES, Job, JobStatus, Opinion, RequestStatus
+from ledger.models import Job, Opinion
+from ledger.statuses import FINAL_STATUSES, JobStatus, RequestStatus
 from ledger.store.claim import job_spent, requests, spent_today, workers
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus

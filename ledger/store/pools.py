@@ -45,8 +45,9 @@ from typing import Any
 from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
-from ledger.models import AttemptOutcome, LlmAttempt, LlmPool, LlmPoolCall, LlmRequest, RequestStatus
+from ledger.models import LlmAttempt, LlmPool, LlmPoolCall, LlmRequest
 from ledger.prices import DEFAULT_MAX_OUTPUT_TOKENS
+from ledger.statuses import AttemptOutcome, RequestStatus
 from ledger.store.dialect import Dialect, db_now, db_now_plus
 from ledger.store.rows import ClaimedRequest, Completed, Outcome, PoolWindow, RetryLater
 

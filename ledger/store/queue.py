@@ -33,7 +33,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import ColumnClause
 
-from ledger.models import AttemptOutcome, Delivery, Job, RequestStatus
+from ledger.models import Job
+from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
 from ledger.store.commit import reading, transaction

@@ -11,16 +11,16 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from ledger.store.dialect import Dialect, configure_engine, read_json
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATE_LOCK_KEY = 7_391_046_222
 
@@ -58,7 +58,13 @@ def normalize_url(url: str) -> str:
 
 
 def alembic_config(url: str | None = None) -> Config:
-    """Alembic configuration pointing at the migrations shipped inside the package."""
+    """Alembic configuration pointing at the migrations shipped inside the package.
+
+    Alembic is imported here and in `upgrade`'s slow path only: a process that finds the
+    schema at head (every process but the first on a database) never needs it, and its
+    import was a tenth of each `ledger` command's start-up (decision 83)."""
+    from alembic.config import Config
+
     script_location = str(resources.files("migrations"))
     cfg = Config()
     cfg.set_main_option("script_location", script_location)
@@ -67,8 +73,16 @@ def alembic_config(url: str | None = None) -> Config:
     return cfg
 
 
+# The newest migration's revision. `upgrade` compares the database's with it before it
+# touches Alembic; tests/integration/test_migrations.py checks it is Alembic's head.
+HEAD_REVISION = "0007"
+
+
 @lru_cache(maxsize=1)
 def head_revision() -> str | None:
+    """Alembic's own head, read from the migration scripts (the slow path and the tests)."""
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
@@ -109,18 +123,24 @@ def make_engine(
 
 
 def _current_revision(conn: Connection) -> str | None:
-    return MigrationContext.configure(conn).get_current_revision()
+    """The database's revision, as Alembic records it (None: a new database)."""
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    versions = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    return versions[0] if len(versions) == 1 else None  # (more than one: Alembic sorts it out)
 
 
 def upgrade(engine: Engine) -> bool:
     """Upgrade to head; returns True when something was applied."""
     try:
         with engine.connect() as conn:
-            if _current_revision(conn) == head_revision():
+            if _current_revision(conn) == HEAD_REVISION:
                 return False
     except OperationalError as exc:
         where = engine.url.render_as_string(hide_password=True)
         raise DatabaseError(f"cannot open database {where}: {error_reason(exc)}") from None
+    from alembic import command
+
     cfg = alembic_config()
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":

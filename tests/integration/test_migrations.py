@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -11,7 +14,7 @@ from typer.testing import CliRunner
 
 from ledger.cli import app
 from ledger.models import metadata
-from ledger.store.schema import alembic_config, head_revision, make_engine, upgrade
+from ledger.store.schema import HEAD_REVISION, alembic_config, head_revision, make_engine, upgrade
 
 
 def test_migrations_match_the_models(db_url: str) -> None:
@@ -80,3 +83,40 @@ def test_ledger_migrate_command_twice(db_url: str) -> None:
 def test_a_new_user_never_sees_no_such_table(sqlite_url: str) -> None:
     result = CliRunner().invoke(app, ["requests"], env={"LEDGER_DATABASE_URL": sqlite_url})
     assert result.exit_code == 0, result.output
+
+
+def test_the_revision_upgrade_checks_first_is_alembics_head() -> None:
+    """`upgrade` compares the database with HEAD_REVISION before it imports Alembic: a new
+    migration without the constant moved on would send every process down the slow path."""
+    assert head_revision() == HEAD_REVISION
+
+
+def test_a_database_one_migration_behind_is_upgraded_and_then_left_alone(db_url: str) -> None:
+    """The quick check reads the revision the way Alembic records it: behind head it upgrades,
+    at head it does nothing (and says so), on both databases."""
+    engine, _ = make_engine(db_url)
+    assert upgrade(engine) is True
+    cfg = alembic_config()
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0006")
+        conn.commit()
+    assert upgrade(engine) is True
+    with engine.connect() as conn:
+        assert MigrationContext.configure(conn).get_current_revision() == HEAD_REVISION
+    assert upgrade(engine) is False
+    engine.dispose()
+
+
+def _imports_alembic_to_open(url: str) -> bool:
+    """Whether a fresh process that opens the store on `url` had to import Alembic."""
+    probe = "import sys; from ledger.store import Store; Store(sys.argv[1]).close(); print('alembic' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe, url], capture_output=True, text=True, check=True)
+    return done.stdout.strip() == "True"
+
+
+def test_only_the_process_that_migrates_imports_alembic(db_url: str) -> None:
+    """Every `ledger` command opens the store; on a database already at head it answers from
+    one query, without Alembic's import (a tenth of a command's start-up, decision 83)."""
+    assert _imports_alembic_to_open(db_url) is True  # a new database: migrated
+    assert _imports_alembic_to_open(db_url) is False

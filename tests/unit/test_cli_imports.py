@@ -1,0 +1,47 @@
+"""What a `ledger` process imports before its command runs.
+
+Every command starts by importing the command line. The ones that need no database (the
+mock provider, `--help`, a settings error) must not pay for SQLAlchemy, SQLModel, Alembic
+or psycopg: they were most of each process's second of start-up (decision 83).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+DATABASE_STACK = ("sqlalchemy", "sqlmodel", "alembic", "psycopg", "ledger.store", "ledger.api")
+
+
+def _loaded_after(statement: str) -> set[str]:
+    probe = f"import json, sys; {statement}; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_the_command_line_imports_no_database_stack() -> None:
+    loaded = _loaded_after("import ledger.cli")
+    assert not {m for m in loaded if m.split(".")[0] in DATABASE_STACK or m in DATABASE_STACK}
+
+
+def test_the_package_names_import_their_modules_on_first_use() -> None:
+    assert "ledger.api" not in _loaded_after("import ledger")
+    assert "ledger.api" in _loaded_after("from ledger import Ledger")
+
+
+@pytest.mark.parametrize("name", ["Ledger", "RequestSpec", "load_settings", "JobSpec", "Staged"])
+def test_every_public_name_is_reachable_from_the_package(name: str) -> None:
+    import ledger
+
+    assert getattr(ledger, name) is not None
+    assert name in dir(ledger)
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    import ledger
+
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        ledger.Nope  # noqa: B018
