@@ -29,7 +29,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-# The status columns' values (ledger/statuses.py): their CHECK constraints are made here.
+# The status columns' values live in ledger/statuses.py (their CHECK constraints are made here)
+# and can still be imported from here, as before decision 83.
+from ledger.statuses import FINAL_STATUSES as FINAL_STATUSES
+from ledger.statuses import OPEN_STATUSES as OPEN_STATUSES
 from ledger.statuses import AttemptOutcome, BatchStatus, Delivery, JobStatus, RequestStatus
 
 
