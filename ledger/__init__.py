@@ -4,8 +4,8 @@ Stages write `llm_requests` rows; `ledger daemon` claims them under bounded
 slots and calls the providers; everything is auditable with SQL.
 
 The names below are imported on first use (PEP 562), not with the package: every
-`ledger` process imports this package first, and most commands (`--help`, the mock
-provider, settings errors) need neither the store nor SQLAlchemy. Importing all of it
+`ledger` process imports this package first, and some commands (`--help`, the mock
+provider) need neither the store nor SQLAlchemy. Importing all of it
 up front cost each process about half of its start-up (docs/decisions.md, 83).
 """
 

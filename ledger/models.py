@@ -33,7 +33,11 @@ from sqlmodel import Field, SQLModel
 # and can still be imported from here, as before decision 83.
 from ledger.statuses import FINAL_STATUSES as FINAL_STATUSES
 from ledger.statuses import OPEN_STATUSES as OPEN_STATUSES
-from ledger.statuses import AttemptOutcome, BatchStatus, Delivery, JobStatus, RequestStatus
+from ledger.statuses import AttemptOutcome as AttemptOutcome
+from ledger.statuses import BatchStatus as BatchStatus
+from ledger.statuses import Delivery as Delivery
+from ledger.statuses import JobStatus as JobStatus
+from ledger.statuses import RequestStatus as RequestStatus
 
 
 def server_now() -> Any:
