@@ -5,8 +5,8 @@ slots and calls the providers; everything is auditable with SQL.
 
 The names below are imported on first use (PEP 562), not with the package: every
 `ledger` process imports this package first, and some commands (`--help`, the mock
-provider) need neither the store nor SQLAlchemy. Importing all of it
-up front cost each process about half of its start-up (docs/decisions.md, 83).
+provider) need neither the store nor SQLAlchemy. Importing all of it up front was most
+of such a process's start-up (docs/decisions.md, 83).
 """
 
 from __future__ import annotations
