@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from ledger.enqueue import EnqueueError
+from ledger.errors import DatabaseError
 from ledger.settings import Settings, SettingsError, load_settings
 
 out = Console()
@@ -26,8 +27,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
 @contextmanager
 def operator_errors() -> Iterator[None]:
     """Turn the errors an operator can cause into one line and exit 2."""
-    from ledger.store import DatabaseError
-
     try:
         yield
     except (SettingsError, EnqueueError, DatabaseError) as exc:

@@ -17,16 +17,13 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
+from ledger.errors import DatabaseError as DatabaseError
 from ledger.store.dialect import Dialect, configure_engine, read_json
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATE_LOCK_KEY = 7_391_046_222
-
-
-class DatabaseError(RuntimeError):
-    """The database cannot be reached or used; the message is one line."""
 
 
 def error_reason(error: BaseException) -> str:

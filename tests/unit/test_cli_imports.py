@@ -29,6 +29,19 @@ def test_the_command_line_imports_no_database_stack() -> None:
     assert not {m for m in loaded if m.split(".")[0] in DATABASE_STACK or m in DATABASE_STACK}
 
 
+def test_a_command_that_fails_on_a_bad_setting_imports_no_database_stack() -> None:
+    """The one-line error comes before any database is opened, and without SQLAlchemy's import."""
+    run_status = (
+        "import os; os.environ['MAX_CONCURRENT_LLM_CALLS'] = 'abc'; from ledger.cli import app\n"
+        "try:\n    app(['status'])\nexcept SystemExit as stop:\n    assert stop.code == 2, stop.code"
+    )
+    probe = f"{run_status}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "MAX_CONCURRENT_LLM_CALLS" in done.stderr
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    assert not {m for m in loaded if m.split(".")[0] in DATABASE_STACK or m in DATABASE_STACK}
+
+
 def test_the_package_names_import_their_modules_on_first_use() -> None:
     assert "ledger.api" not in _loaded_after("import ledger")
     assert "ledger.api" in _loaded_after("from ledger import Ledger")
