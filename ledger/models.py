@@ -29,15 +29,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-# The status columns' values live in ledger/statuses.py (their CHECK constraints are made here)
-# and can still be imported from here, as before decision 83.
-from ledger.statuses import FINAL_STATUSES as FINAL_STATUSES
-from ledger.statuses import OPEN_STATUSES as OPEN_STATUSES
-from ledger.statuses import AttemptOutcome as AttemptOutcome
-from ledger.statuses import BatchStatus as BatchStatus
-from ledger.statuses import Delivery as Delivery
-from ledger.statuses import JobStatus as JobStatus
-from ledger.statuses import RequestStatus as RequestStatus
+# The status columns' values (ledger/statuses.py, importable without SQLAlchemy): their CHECK
+# constraints are made here.
+from ledger.statuses import AttemptOutcome, BatchStatus, Delivery, JobStatus, RequestStatus
 
 
 def server_now() -> Any:

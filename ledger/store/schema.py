@@ -57,7 +57,7 @@ def normalize_url(url: str) -> str:
 def alembic_config(url: str | None = None) -> Config:
     """Alembic configuration pointing at the migrations shipped inside the package.
 
-    Alembic is imported here, in `head_revision` and in `upgrade`'s slow path only: a process
+    Alembic is imported here and in `upgrade`'s slow path only: a process
     that finds the schema at head (every process but the first on a database) never needs it,
     and its import was a tenth of each `ledger` command's start-up (decision 83)."""
     from alembic.config import Config
@@ -78,14 +78,6 @@ def newest_migration() -> str:
     answer here would leave a database one migration behind never upgraded."""
     names = (entry.name for entry in resources.files("migrations").joinpath("versions").iterdir())
     return max(name[:4] for name in names if name[:4].isdigit() and name.endswith(".py"))
-
-
-@lru_cache(maxsize=1)
-def head_revision() -> str | None:
-    """Alembic's own head, read from the migration scripts (the slow path and the tests)."""
-    from alembic.script import ScriptDirectory
-
-    return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 # A connection to a host that vanished (no FIN, no RST) fails within ~30 s, whether idle
@@ -150,7 +142,7 @@ def upgrade(engine: Engine) -> bool:
             conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATE_LOCK_KEY})
             conn.commit()
         try:
-            if _current_revision(conn) == head_revision():
+            if _current_revision(conn) == newest_migration():
                 return False
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")

@@ -18,15 +18,24 @@ import ledger
 DATABASE_STACK = ("sqlalchemy", "sqlmodel", "alembic", "psycopg", "ledger.store", "ledger.api")
 
 
-def _loaded_after(statement: str) -> set[str]:
-    probe = f"import json, sys; {statement}; print(json.dumps(sorted(sys.modules)))"
+def _run(script: str) -> tuple[set[str], str]:
+    """The modules a fresh interpreter holds after running `script` (which must not fail), and
+    what it wrote to stderr."""
+    probe = f"{script}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    return set(json.loads(done.stdout.splitlines()[-1]))
+    return set(json.loads(done.stdout.splitlines()[-1])), done.stderr
+
+
+def _loaded_after(script: str) -> set[str]:
+    return _run(script)[0]
+
+
+def _database_stack(loaded: set[str]) -> set[str]:
+    return {m for m in loaded if m.split(".")[0] in DATABASE_STACK or m in DATABASE_STACK}
 
 
 def test_the_command_line_imports_no_database_stack() -> None:
-    loaded = _loaded_after("import ledger.cli")
-    assert not {m for m in loaded if m.split(".")[0] in DATABASE_STACK or m in DATABASE_STACK}
+    assert not _database_stack(_loaded_after("import ledger.cli"))
 
 
 def test_a_command_that_fails_on_a_bad_setting_imports_no_database_stack() -> None:
@@ -35,11 +44,9 @@ def test_a_command_that_fails_on_a_bad_setting_imports_no_database_stack() -> No
         "import os; os.environ['MAX_CONCURRENT_LLM_CALLS'] = 'abc'; from ledger.cli import app\n"
         "try:\n    app(['status'])\nexcept SystemExit as stop:\n    assert stop.code == 2, stop.code"
     )
-    probe = f"{run_status}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert "MAX_CONCURRENT_LLM_CALLS" in done.stderr
-    loaded = set(json.loads(done.stdout.splitlines()[-1]))
-    assert not {m for m in loaded if m.split(".")[0] in DATABASE_STACK or m in DATABASE_STACK}
+    loaded, stderr = _run(run_status)
+    assert "MAX_CONCURRENT_LLM_CALLS" in stderr
+    assert not _database_stack(loaded)
 
 
 def test_the_package_names_import_their_modules_on_first_use() -> None:
