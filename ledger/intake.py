@@ -10,8 +10,8 @@
    short transaction (`Dialect.enqueue_pacing`): on SQLite a running daemon waits
    for the file's one write lock at most one chunk, never a whole file, and a pause
    after each chunk lets it in. The pause is for a daemon: with none heard from lately
-   (`DAEMON_HEARD_WITHIN_S`), nobody waits for the lock and the chunks follow one
-   another at once. The enqueue is idempotent as a whole: run again after a crash
+   (`DAEMON_HEARD_WITHIN_S`), no daemon's calls wait for the lock and the chunks follow
+   one another at once. The enqueue is idempotent as a whole: run again after a crash
    half-way, it adds only what is missing.
 
 A key taken with another body by a concurrent enqueue between steps 2 and 3 is found
@@ -40,9 +40,9 @@ from ledger.store.staging import Entry, Staging
 # Entries validated between two looks into the staging database for repeated keys.
 _BLOCK = 1000
 # A daemon heard from this recently may be waiting for SQLite's write lock: the enqueue pauses
-# after each chunk for it. A daemon heartbeats every third of its lease, so an hour (or the
-# lease, if longer) misses none that runs; a killed daemon's registration stops counting an
-# hour after its last heartbeat (one that stopped cleanly leaves the registry at once).
+# after each chunk for it. A daemon heartbeats at least every ten minutes (`leases.HEARTBEAT_AT_MOST_S`,
+# whatever its lease), so an hour misses none that runs; a killed daemon's registration stops
+# counting an hour after its last heartbeat (one that stopped cleanly leaves the registry at once).
 DAEMON_HEARD_WITHIN_S = 3600.0
 
 
@@ -81,7 +81,7 @@ class Intake:
     """One enqueue (see the module's docstring)."""
 
     def __init__(
-        self, store: Store, settings: Settings, positions: Positions, pause: Callable[[float], None] = time.sleep
+        self, store: Store, settings: Settings, positions: Positions, *, pause: Callable[[float], None] = time.sleep
     ) -> None:
         self.store = store
         self.settings = settings
@@ -173,13 +173,14 @@ class Intake:
                     inserted.append(
                         {"id": request_id, "idempotency_key": key, "trace": json.loads(by_key[key].values[trace_at])}
                     )
+            took = time.monotonic() - started
             if self.duty < 1 and self._a_daemon_may_wait():  # let it in before the next chunk
-                self.pause((time.monotonic() - started) * (1 - self.duty) / self.duty)
+                self.pause(took * (1 - self.duty) / self.duty)
         return EnqueueResult(added, duplicates, self.store.queue_depth(), inserted if keep else [])
 
     def _a_daemon_may_wait(self) -> bool:
         """Asked after every chunk: a daemon started half-way through is let in from then on."""
-        return self.store.live_daemons(max(DAEMON_HEARD_WITHIN_S, self.settings.lease_seconds)) > 0
+        return self.store.live_daemons(DAEMON_HEARD_WITHIN_S) > 0
 
     def _ledger_conflict(self, entry: Entry, request_id: int, *, written: int) -> str:
         ours = self._row(entry)

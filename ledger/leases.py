@@ -2,7 +2,7 @@
 
 A claimed row is leased to this daemon for `LEDGER_LEASE_SECONDS`; past that any
 daemon's claim may reclaim it and call the provider again. So the leases in hand
-are renewed every third of the lease, and a lease whose renewal cannot be had
+are renewed every third of the lease (at most ten minutes apart), and a lease whose renewal cannot be had
 (the database refuses or hangs) is given up before it can lapse: its call is cut
 off, so a request is never called here beside a daemon that took it over. The
 row goes back to the queue when its lease expires; the daemon goes on.
@@ -31,6 +31,9 @@ from ledger.store.schema import one_line
 LOG = logging.getLogger("ledger.leases")
 # Share of LEDGER_LEASE_SECONDS a call goes on without its lease renewed before it is cut off.
 LEASE_LAPSE = 0.75
+# The longest between two heartbeats (and renewals), whatever the lease: a third of it, up to
+# this. An enqueue on SQLite pauses for a daemon heard from within an hour (`ledger.intake`).
+HEARTBEAT_AT_MOST_S = 600.0
 
 
 class LeaseKeeper:
@@ -45,6 +48,7 @@ class LeaseKeeper:
         self._answered = answered
         self._worker = worker_id
         self._lease = settings.lease_seconds
+        self._period = min(self._lease / 3, HEARTBEAT_AT_MOST_S)
         self._retry_seconds = settings.db_retry_seconds
         # Per lease in hand (request id, lease token): when it was last known to run a full
         # lease from (its claim, or the start of a renewal that covered it).
@@ -94,7 +98,7 @@ class LeaseKeeper:
 
     async def run(self) -> None:
         """Heartbeat and renew until cancelled (a dead process simply stops renewing)."""
-        next_at = time.monotonic() + self._lease / 3
+        next_at = time.monotonic() + self._period
         while True:
             await anyio.sleep(max(0.0, next_at - time.monotonic()))
             keys = self.held()
@@ -108,7 +112,7 @@ class LeaseKeeper:
                     if key in self._held:
                         self._held[key] = max(self._held[key], attempt_at)
                 self._let_go(set(keys) - set(renewed))
-                next_at = attempt_at + self._lease / 3
+                next_at = attempt_at + self._period
                 continue
             now = time.monotonic()
             self.metrics.renewal_lost()
@@ -118,7 +122,7 @@ class LeaseKeeper:
             )
             self._cut_off_lapsing(now)
             soonest = min(self._held.values(), default=now) + self._lease * LEASE_LAPSE
-            next_at = min(now + self._lease / 3, soonest)
+            next_at = min(now + self._period, soonest)
 
     async def _try_renew(self, keys: list[Held], budget: float) -> tuple[list[Held], str | None]:
         """One renewal within `budget` seconds: (the leases renewed, None) or ([], why not)."""

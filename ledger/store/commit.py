@@ -43,7 +43,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from ledger.store.dialect import XID_KEY, CommitNotApplied, CommitRerunnable, CommitUnknown, Dialect
+from ledger.store.dialect import READ_ONLY, XID_KEY, CommitNotApplied, CommitRerunnable, CommitUnknown, Dialect
 
 LOG = logging.getLogger("ledger.store")
 # PostgreSQL's SQLSTATE for a session ended by `idle_in_transaction_session_timeout`.
@@ -102,8 +102,10 @@ def transaction(
 def reading(engine: Engine) -> Iterator[Connection]:
     """`engine.connect()` for reads: the ROLLBACK that ends the read may find the connection
     lost (the session ended while the daemon was frozen inside the read, a server restart) and
-    that loses nothing. A statement that fails is still an error, which the lane retries."""
-    conn = engine.connect()
+    that loses nothing. A statement that fails is still an error, which the lane retries. On
+    SQLite the read takes no lock (`READ_ONLY`): it sees the last commit, even while a writer
+    holds the file's write lock, and never waits for it."""
+    conn = engine.connect().execution_options(**{READ_ONLY: True})
     try:
         yield conn
     finally:

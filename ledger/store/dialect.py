@@ -53,6 +53,8 @@ from ledger.store.row_sets import SQLITE_VALUES_AT_MOST, RowSetType, as_json, sq
 
 # Where a transaction keeps its PostgreSQL transaction id (Connection.info) until it commits.
 XID_KEY = "ledger_xid"
+# An execution option of a connection that only reads (`commit.reading`): SQLite begins it deferred.
+READ_ONLY = "ledger_read_only"
 
 
 class CommitNotApplied(OperationalError):
@@ -404,8 +406,9 @@ class Dialect:
         SQLite has one write lock per file: a daemon's claim or record waits while an enqueue
         holds it. Short chunks bound that wait, and a pause after each (as long as the chunk
         took: half the time) lets a waiting daemon in; without it SQLite's busy handler, which
-        polls ever less often, could lose the lock to the next chunk again and again.
-        PostgreSQL locks rows, not the database: bigger chunks, no pause.
+        polls ever less often, could lose the lock to the next chunk again and again. (The pause
+        is taken only while a daemon was heard from: `ledger.intake`.) PostgreSQL locks rows,
+        not the database: bigger chunks, no pause.
         """
         if self.name == "postgresql":
             return 5000, 1.0
@@ -656,8 +659,10 @@ def configure_engine(engine: Engine, idle_in_transaction_s: float | None = None)
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Connection) -> None:
             # IMMEDIATE takes the write lock up front: two daemons on one file
-            # serialise their claims instead of deadlocking on lock upgrade.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # serialise their claims instead of deadlocking on lock upgrade. A read
+            # (`commit.reading`) begins deferred: under WAL it takes no lock, so it
+            # neither waits for a writer nor holds one up.
+            conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
     elif name == "postgresql":
 

@@ -176,7 +176,8 @@ class JobQueries:
             return spent_today(conn)
 
     def live_daemons(self, within_s: float) -> int:
-        """Daemons whose heartbeat is younger than `within_s` (a lease): is anyone working?"""
+        """Daemons whose heartbeat is younger than `within_s` (a lease; an enqueue's hour, `intake`): is
+        anyone working?"""
         with reading(self.engine) as conn:
             return int(
                 conn.execute(select(func.count()).where(workers.c.heartbeat_at > db_now_plus(-within_s))).scalar_one()

@@ -63,6 +63,17 @@ def test_a_running_daemon_gets_a_pause_after_every_chunk(store: Store, sqlite_ur
     assert len(pauses) == 3 and all(p > 0 for p in pauses)
 
 
+def test_a_daemon_between_heartbeats_still_gets_its_pauses(store: Store, sqlite_url: str) -> None:
+    heartbeat(store, "daemon-1", seconds_ago=30 * 60)  # a long lease: its next heartbeat is due
+    assert len(enqueue(store, sqlite_url)) == 3
+
+
+def test_a_daemon_that_stopped_cleanly_is_not_waited_for(store: Store, sqlite_url: str) -> None:
+    heartbeat(store, "daemon-1")
+    store.retire_worker("daemon-1")
+    assert enqueue(store, sqlite_url) == []
+
+
 def test_a_daemon_killed_hours_ago_is_not_waited_for(store: Store, sqlite_url: str) -> None:
     heartbeat(store, "killed-daemon", seconds_ago=2 * 3600)
     assert enqueue(store, sqlite_url) == []

@@ -6,6 +6,8 @@ Either way nothing may run outside the transaction."""
 from __future__ import annotations
 
 import re
+import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,3 +118,22 @@ def test_postgresql_still_prepares_what_sqlalchemy_repeats_between_hot_queries(p
         assert raw.prepare_threshold == threshold
         prepared = conn.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
         assert any("llm_requests" in statement and "count" in statement for statement in prepared), prepared
+
+
+def test_a_read_on_sqlite_does_not_wait_for_a_writer(sqlite_url: str) -> None:
+    """Under WAL a reader takes no lock: `ledger status`, the metrics' reads and an enqueue's look
+    for daemons go on while a daemon (here: another connection) holds the file's write lock, and
+    see its last commit."""
+    with daemon_store(sqlite_url, queued=3) as store:
+        writer = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            writer.execute("BEGIN IMMEDIATE")
+            writer.execute("UPDATE llm_requests SET purpose = 'uncommitted'")
+            counts: list[dict[str, int]] = []
+            reader = threading.Thread(target=lambda: counts.append(store.status_counts()), daemon=True)
+            reader.start()
+            reader.join(timeout=10)  # the store's busy timeout is 30 s: a read waiting for the lock is still here
+            assert counts and counts[0]["queued"] == 3
+        finally:
+            writer.rollback()
+            writer.close()
