@@ -8,6 +8,7 @@ Anthropic requires, `stop` becomes `stop_sequences`, OpenAI-only knobs are dropp
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import anthropic
@@ -22,6 +23,7 @@ from adapters.base import (
     read_rate_limits,
     sdk_errors,
     token_count,
+    tokens_counted,
 )
 
 DEFAULT_MAX_TOKENS = 1024
@@ -70,7 +72,11 @@ class AnthropicAdapter:
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             raise malformed("response has no content list", response.status_code)
         text, input_tokens, output_tokens = message_parts(message)
-        return CallResult(text, input_tokens, output_tokens, limits=read_rate_limits(response.headers))
+        result = CallResult(text, input_tokens, output_tokens)
+        limits = read_rate_limits(response.headers)
+        if limits is None:
+            return result
+        return replace(result, limits=replace(limits, tokens_per_call=tokens_counted(result, body["max_tokens"])))
 
     async def aclose(self) -> None:
         await self._client.close()

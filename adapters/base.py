@@ -42,22 +42,30 @@ class RateLimits:
     """What a provider's rate-limit headers said with an answer (success or error).
 
     `remaining_*`: requests / tokens the provider will still accept in its current window
-    (None: not said); `reset_*_s`: seconds until that window has room again.
+    (None: not said); `reset_*_s`: seconds until that window has room again;
+    `tokens_per_call`: what the provider counted against its token window for the call
+    that brought these headers (`tokens_counted`), the best guess of what the next one costs.
     """
 
     remaining_requests: int | None = None
     remaining_tokens: int | None = None
     reset_requests_s: float | None = None
     reset_tokens_s: float | None = None
+    tokens_per_call: int | None = None
 
     def window(self) -> tuple[int, float] | None:
         """(calls the provider will still start, seconds until its window has room again), the
-        tighter of requests and tokens; None when the headers gave no remaining count. Spent
-        tokens leave room for no call at all, whatever the requests count says."""
+        tighter of requests and tokens; None when the headers gave no remaining count.
+
+        Tokens left are turned into calls at `tokens_per_call`, so a token window slows the
+        pool down before it is spent, not after. Without that guess (a 429 carries no usage),
+        spent tokens still leave room for no call at all, whatever the requests count says."""
         found: list[tuple[int, float]] = []
         if self.remaining_requests is not None:
             found.append((max(self.remaining_requests, 0), self.reset_requests_s or 0.0))
-        if self.remaining_tokens is not None and self.remaining_tokens <= 0:
+        if self.remaining_tokens is not None and self.tokens_per_call:
+            found.append((max(self.remaining_tokens, 0) // self.tokens_per_call, self.reset_tokens_s or 0.0))
+        elif self.remaining_tokens is not None and self.remaining_tokens <= 0:
             found.append((0, self.reset_tokens_s or 0.0))
         if not found:
             return None
@@ -186,6 +194,17 @@ def retry_after_seconds(headers: Any) -> float | None:
 # and for tokens also the input / output token variants (the tightest one counts).
 _RESETS = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def tokens_counted(result: CallResult, max_tokens: Any) -> int | None:
+    """What a provider counts against its token window for an answered call. Both reserve the
+    prompt plus the request's `max_tokens` when the call is admitted (Anthropic settles the
+    output part later, OpenAI does not); a request without `max_tokens` is counted by its usage.
+    None when the answer reported no usage."""
+    if result.input_tokens is None and result.output_tokens is None:
+        return None
+    out = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else (result.output_tokens or 0)
+    return (result.input_tokens or 0) + out
 
 
 def read_rate_limits(headers: Any) -> RateLimits | None:

@@ -22,6 +22,7 @@ from adapters.base import (
     read_rate_limits,
     sdk_errors,
     token_count,
+    tokens_counted,
 )
 
 
@@ -60,7 +61,10 @@ class OpenAIAdapter:
             )
         result = parse_chat_completion(response.text, response.status_code)
         limits = read_rate_limits(response.headers)
-        return result if limits is None else replace(result, limits=limits)
+        if limits is None:
+            return result
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        return replace(result, limits=replace(limits, tokens_per_call=tokens_counted(result, max_tokens)))
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 
 from ledger import events
-from ledger.enqueue import RequestSpec, build_spec, to_row
+from ledger.enqueue import EnqueueError, RequestSpec, as_spec, build_spec, to_row
 from ledger.settings import Settings, load_settings
 from ledger.spec import JobSpec, load_spec, spec_from_mapping
 from ledger.store import EnqueueResult, Store
@@ -41,7 +41,7 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def enqueue(self, spec: RequestSpec | None = None, /, **fields: Any) -> int:
+    def enqueue(self, spec: RequestSpec | Mapping[str, Any] | None = None, /, **fields: Any) -> int:
         """Queue one request; returns its id (the existing one if the key was seen before).
 
         Raises `EnqueueError` (one line) for a bad request, or for a key already in the
@@ -49,7 +49,9 @@ class Ledger:
         """
         from ledger.intake import enqueue_specs
 
-        spec = spec or build_spec(**fields)
+        if spec is not None and fields:
+            raise EnqueueError(f"give a request spec or its fields, not both (fields: {', '.join(sorted(fields))})")
+        spec = as_spec(spec) if spec is not None else build_spec(**fields)
         result = enqueue_specs(self.store, self.settings, [spec], single=True)
         announce(result)
         if result.inserted_rows:
@@ -57,7 +59,7 @@ class Ledger:
         row = to_row(spec, self.settings.compatible_base_url, self.settings.prices)
         return self.store.id_for_key(row["idempotency_key"])
 
-    def enqueue_many(self, specs: Iterable[RequestSpec]) -> EnqueueResult:
+    def enqueue_many(self, specs: Iterable[RequestSpec | Mapping[str, Any]]) -> EnqueueResult:
         """Queue many requests, idempotently: all are checked before any is written.
 
         A bad request, or a key used twice (in the batch, or against the ledger) with
@@ -71,10 +73,10 @@ class Ledger:
         announce(result)
         return result
 
-    async def aenqueue(self, spec: RequestSpec | None = None, /, **fields: Any) -> int:
+    async def aenqueue(self, spec: RequestSpec | Mapping[str, Any] | None = None, /, **fields: Any) -> int:
         return await anyio.to_thread.run_sync(lambda: self.enqueue(spec, **fields))
 
-    async def aenqueue_many(self, specs: Iterable[RequestSpec]) -> EnqueueResult:
+    async def aenqueue_many(self, specs: Iterable[RequestSpec | Mapping[str, Any]]) -> EnqueueResult:
         specs = list(specs)
         return await anyio.to_thread.run_sync(lambda: self.enqueue_many(specs))
 

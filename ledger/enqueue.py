@@ -22,7 +22,7 @@ import codecs
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -296,6 +296,22 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
 def build_spec(**fields: Any) -> RequestSpec:
     """A validated spec, or an `EnqueueError` whose message is one line."""
     return RequestSpec(**fields)
+
+
+def as_spec(item: object) -> RequestSpec:
+    """A stage's request as a spec: a `RequestSpec`, or a mapping of its fields.
+
+    Anything else is named in one `EnqueueError` line: a Python caller handing over a
+    list of dicts or strings gets the same kind of message as a bad JSONL line, not an
+    `AttributeError` from deep inside the enqueue.
+    """
+    if isinstance(item, RequestSpec):
+        return item
+    if isinstance(item, Mapping):
+        if not all(isinstance(name, str) for name in item):
+            raise EnqueueError("not a request: a mapping's keys must be field names (strings)")
+        return RequestSpec(**item)
+    raise EnqueueError(f"not a request: expected a RequestSpec or a mapping of its fields, got {type(item).__name__}")
 
 
 def _one_line(exc: ValidationError) -> str:

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ledger.enqueue import Defaults, EnqueueError, RequestSpec, checked_row, read_jsonl_file
+from ledger.enqueue import Defaults, EnqueueError, RequestSpec, as_spec, checked_row, read_jsonl_file
 from ledger.fingerprint import JSON_FIELDS, differing_fields
 from ledger.settings import Settings
 from ledger.store import EnqueueResult, Store
@@ -71,7 +71,7 @@ def enqueue_file(store: Store, settings: Settings, path: Path, defaults: Default
 
 
 def enqueue_specs(
-    store: Store, settings: Settings, specs: Iterable[RequestSpec], *, single: bool = False
+    store: Store, settings: Settings, specs: Iterable[RequestSpec | Mapping[str, Any]], *, single: bool = False
 ) -> EnqueueResult:
     """The Python API's batch (or one request): the same checks, messages naming `requests[i]`."""
     return Intake(store, settings, SINGLE if single else BATCH).run(enumerate(specs))
@@ -91,7 +91,7 @@ class Intake:
         self.pause = pause
         self.columns = ROW_COLUMNS[1:]  # fair_seq is numbered when written
 
-    def run(self, specs: Iterable[tuple[int, RequestSpec]]) -> EnqueueResult:
+    def run(self, specs: Iterable[tuple[int, RequestSpec | Mapping[str, Any]]]) -> EnqueueResult:
         staging = Staging(self.columns)
         try:
             self._stage(staging, specs)
@@ -100,7 +100,7 @@ class Intake:
         finally:
             staging.close()
 
-    def _stage(self, staging: Staging, specs: Iterable[tuple[int, RequestSpec]]) -> None:
+    def _stage(self, staging: Staging, specs: Iterable[tuple[int, RequestSpec | Mapping[str, Any]]]) -> None:
         block: list[Entry] = []
         for pos, spec in specs:
             block.append(self._entry(pos, spec))
@@ -109,8 +109,9 @@ class Intake:
                 block = []
         self._add(staging, block)
 
-    def _entry(self, pos: int, spec: RequestSpec) -> Entry:
+    def _entry(self, pos: int, item: RequestSpec | Mapping[str, Any]) -> Entry:
         try:
+            spec = as_spec(item)  # a Python caller's list may hold anything
             row, texts = checked_row(spec, self.settings.compatible_base_url, self.prices, self.settings.max_line_bytes)
         except EnqueueError as exc:
             raise EnqueueError(self._at(pos, str(exc))) from None

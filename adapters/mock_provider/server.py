@@ -4,7 +4,7 @@ The real `openai` and `anthropic` SDKs talk to it unchanged, so tests, the demo
 and the benchmarks exercise the whole path. It simulates latency, a concurrency
 cap and a requests-per-minute limit (both answered with 429 + retry-after; with
 `--rpm`, every answer carries the provider's rate-limit headers: requests remaining
-and when the window has room again), random faults, and deterministic per-prompt
+and when the window has room again; `--tpm` does the same for tokens), random faults, and deterministic per-prompt
 faults via `[[mock:...]]` directives in the prompt text:
 
     [[mock:fail=503x2]]   the first 2 calls of this prompt get 503 (`x*`: every call)
@@ -71,7 +71,8 @@ class MockProviderConfig:
     max_concurrency: int | None = None
     concurrency_retry_after: float = 1.0
     rpm: int | None = None
-    rpm_window: float = 60.0  # seconds the `rpm` cap counts over (tests shorten it)
+    rpm_window: float = 60.0  # seconds the `rpm` and `tpm` caps count over (tests shorten it)
+    tpm: int | None = None  # tokens (input + output) answered per window
     fault_rates: dict[str, float] = field(default_factory=dict)
     seed: int = 0
     hang_seconds: float = 60.0
@@ -106,6 +107,7 @@ class MockProviderServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._recent: deque[float] = deque()
+        self._spent: deque[tuple[float, int]] = deque()  # (admitted at, tokens) within the window
         self._first_call: float | None = None
         self._last_answer: float | None = None
         self.batches.reset()
@@ -281,6 +283,10 @@ class MockProviderServer:
         if limited is not None:
             reply = rate_limited(wire, limited, "requests per minute exceeded")
             return self._count(self._with_rate_headers(wire, reply))
+        limited = self._over_tpm(payload, system, messages)
+        if limited is not None:
+            reply = rate_limited(wire, limited, "tokens per minute exceeded")
+            return self._count(self._with_rate_headers(wire, reply))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -304,36 +310,49 @@ class MockProviderServer:
         self._recent.append(now)
         return None
 
+    def _over_tpm(self, payload: dict[str, Any], system: Any, messages: list[dict[str, Any]]) -> float | None:
+        """With a `tpm` cap, seconds until the window has room for this call (a 429), or None: the
+        call is counted and goes on. A call counts from its admission, as OpenAI counts it: the
+        prompt plus `max_tokens` (else the answer's own length), whatever it then uses; one that
+        does not fit in what is left is refused."""
+        if self.config.tpm is None:
+            return None
+        answer = chat_answer(payload.get("model", "mock"), system, messages, payload.get("response_format"))
+        out = payload.get("max_tokens") or payload.get("max_completion_tokens") or answer.output_tokens
+        tokens = answer.input_tokens + int(out)
+        now = self._window_now()
+        if self._spent and self._tokens_spent() + tokens > self.config.tpm:
+            return max(0.05, self.config.rpm_window - (now - self._spent[0][0]))
+        self._spent.append((now, tokens))
+        return None
+
+    def _tokens_spent(self) -> int:
+        return sum(tokens for _, tokens in self._spent)
+
     def _window_now(self) -> float:
         now = time.monotonic()
         while self._recent and now - self._recent[0] >= self.config.rpm_window:
             self._recent.popleft()
+        while self._spent and now - self._spent[0][0] >= self.config.rpm_window:
+            self._spent.popleft()
         return now
 
     def _with_rate_headers(self, wire: str, reply: Reply) -> Reply:
-        """With an `rpm` cap, every answer says what is left of the window as of when it is sent,
-        and when the window is whole again (every counted request out of it), the way each
+        """With an `rpm` or `tpm` cap, every answer says what is left of the window as of when it
+        is sent, and when the window is whole again (everything counted out of it), the way each
         provider says it (OpenAI: a duration; Anthropic: the moment). A 429's retry-after says
         when one request gets through again."""
-        rpm = self.config.rpm
-        if rpm is None:
-            return reply
         now = self._window_now()
-        remaining = max(rpm - len(self._recent), 0)
-        reset = self.config.rpm_window - (now - self._recent[-1]) if self._recent else 0.0
-        if wire == "openai":
-            headers = [
-                ("x-ratelimit-limit-requests", str(rpm)),
-                ("x-ratelimit-remaining-requests", str(remaining)),
-                ("x-ratelimit-reset-requests", f"{reset:.3f}s"),
-            ]
-        else:
-            at = datetime.now(UTC) + timedelta(seconds=reset)
-            headers = [
-                ("anthropic-ratelimit-requests-limit", str(rpm)),
-                ("anthropic-ratelimit-requests-remaining", str(remaining)),
-                ("anthropic-ratelimit-requests-reset", at.isoformat(timespec="milliseconds").replace("+00:00", "Z")),
-            ]
+        window = self.config.rpm_window
+        headers: list[tuple[str, str]] = []
+        if self.config.rpm is not None:
+            remaining = max(self.config.rpm - len(self._recent), 0)
+            reset = window - (now - self._recent[-1]) if self._recent else 0.0
+            headers += _rate_headers(wire, "requests", self.config.rpm, remaining, reset)
+        if self.config.tpm is not None:
+            remaining = max(self.config.tpm - self._tokens_spent(), 0)
+            reset = window - (now - self._spent[-1][0]) if self._spent else 0.0
+            headers += _rate_headers(wire, "tokens", self.config.tpm, remaining, reset)
         reply.headers = [*reply.headers, *headers]
         return reply
 
@@ -405,6 +424,22 @@ class MockProviderServer:
         return None
 
 
+def _rate_headers(wire: str, kind: str, limit: int, remaining: int, reset: float) -> list[tuple[str, str]]:
+    """One window's rate-limit headers (`kind`: requests or tokens) in the provider's own names."""
+    if wire == "openai":
+        return [
+            (f"x-ratelimit-limit-{kind}", str(limit)),
+            (f"x-ratelimit-remaining-{kind}", str(remaining)),
+            (f"x-ratelimit-reset-{kind}", f"{reset:.3f}s"),
+        ]
+    at = datetime.now(UTC) + timedelta(seconds=reset)
+    return [
+        (f"anthropic-ratelimit-{kind}-limit", str(limit)),
+        (f"anthropic-ratelimit-{kind}-remaining", str(remaining)),
+        (f"anthropic-ratelimit-{kind}-reset", at.isoformat(timespec="milliseconds").replace("+00:00", "Z")),
+    ]
+
+
 def parse_fault_rates(items: list[str]) -> dict[str, float]:
     rates: dict[str, float] = {}
     for item in items:
@@ -439,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jitter", type=float, default=0.0)
     parser.add_argument("--max-concurrency", type=int, default=None)
     parser.add_argument("--rpm", type=int, default=None, help="requests per window; answers say what is left")
-    parser.add_argument("--rpm-window", type=float, default=60.0, help="seconds the --rpm cap counts over")
+    parser.add_argument("--tpm", type=int, default=None, help="tokens answered per window; answers say what is left")
+    parser.add_argument("--rpm-window", type=float, default=60.0, help="seconds the --rpm and --tpm caps count over")
     parser.add_argument("--fault-rate", action="append", default=[])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-latency", type=float, default=0.5, help="seconds a batch stays in progress")
@@ -466,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         max_concurrency=args.max_concurrency,
         rpm=args.rpm,
         rpm_window=args.rpm_window,
+        tpm=args.tpm,
         fault_rates=faults,
         seed=args.seed,
         batch_latency=args.batch_latency,

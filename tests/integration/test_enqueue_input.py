@@ -277,7 +277,20 @@ def test_a_bad_spec_raises_one_line(case: str) -> None:
     assert str(caught.value).startswith(expected) and "\n" not in str(caught.value), str(caught.value)
 
 
-API_BAD_BATCH: dict[str, tuple[RequestSpec, str]] = {
+API_BAD_BATCH: dict[str, tuple[object, str]] = {
+    "not an object": (
+        "Grade this essay",
+        "requests[2]: not a request: expected a RequestSpec or a mapping of its fields, got str",
+    ),
+    "mapping with a bad field": (
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temprature": 0.5},
+        "requests[2]: temprature: Extra inputs are not permitted",
+    ),
+    "message not an object": (
+        {"model": "m", "messages": ["hi"]},
+        "requests[2]: messages.0: Input should be a valid dictionary",
+    ),
+    "unpaired surrogate": (spec("a\ud800b"), "requests[2]: input: holds an unpaired surrogate ('\\ud800'), not UTF-8"),
     "NaN": (spec(trace={"w": float("nan")}), "requests[2]: trace: holds NaN or an infinite number (not JSON)"),
     "not JSON": (
         spec(trace={"at": datetime(2026, 1, 1)}),
@@ -301,6 +314,19 @@ def test_a_bad_batch_from_python_writes_nothing(db_url: str, case: str) -> None:
             ledger.enqueue_many([spec("a", idempotency_key="k0"), spec("b"), bad, spec("d")])
         assert str(caught.value).startswith(expected), str(caught.value)
     assert request_count(db_url) == 0
+
+
+def test_a_mapping_is_enqueued_like_the_spec_it_spells(db_url: str) -> None:
+    fields = {"model": "m", "provider": "mock", "messages": [{"role": "user", "content": "hi"}]}
+    with Ledger(db_url, settings=load_settings()) as ledger:
+        first = ledger.enqueue(fields)
+        assert ledger.enqueue(RequestSpec(**fields)) == first  # the same request: a repeat
+        result = ledger.enqueue_many([fields, {**fields, "messages": [{"role": "user", "content": "other"}]}])
+        assert (result.inserted, result.duplicates) == (1, 1)
+        with pytest.raises(EnqueueError) as caught:
+            ledger.enqueue(fields, model="other")
+        assert str(caught.value) == "give a request spec or its fields, not both (fields: model)"
+    assert request_count(db_url) == 2
 
 
 def test_python_key_reused_against_the_ledger(db_url: str) -> None:

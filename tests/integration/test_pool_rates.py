@@ -1,7 +1,8 @@
 """Pools slowed before the 429: providers' rate-limit headers, RPM/TPM caps, slow start (both databases).
 
 Headers are read through the real openai/anthropic SDKs from the mock provider, whose
-`--rpm` cap answers with them (remaining requests, when the window has room again).
+`--rpm` and `--tpm` caps answer with them (remaining requests or tokens, when the window has
+room again).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqlalchemy import text
 from adapters.anthropic import AnthropicAdapter
 from adapters.base import CallRequest, ProviderError, reset_seconds
 from adapters.mock_provider import mock_provider_process, running_mock_provider
+from adapters.mock_provider.answers import chat_answer
 from adapters.openai import OpenAIAdapter
 from ledger.daemon import run_daemon
 from ledger.enqueue import build_spec, to_row
@@ -245,6 +247,77 @@ def test_headers_slow_the_pool_down_before_a_429(db_url: str, provider: str) -> 
     assert stats["status_counts"] == {"200": n}  # not one 429
     assert cooled is not None  # the window was spent and the pool waited for it
     assert elapsed >= 2 * 1.5  # 10 requests at 4 per window: three windows
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_adapters_surface_the_token_headers(provider: str) -> None:
+    """Both providers count a call's prompt and `max_tokens` against the window when it is
+    admitted: the adapters read what is left, and what one such call costs."""
+    request = CallRequest(model="m", messages=[{"role": "user", "content": "hi"}], params={"max_tokens": 40})
+    used = chat_answer("m", None, request.messages, None).input_tokens + 40
+    with running_mock_provider(tpm=10 * used, rpm_window=30) as mock:
+        adapter: Any = (
+            OpenAIAdapter(api_key="k", base_url=mock.openai_base_url)
+            if provider == "openai"
+            else AnthropicAdapter(api_key="k", base_url=mock.anthropic_base_url)
+        )
+
+        async def go() -> list[Any]:
+            try:
+                return [await adapter.call(request, timeout=5) for _ in range(2)]
+            finally:
+                await adapter.aclose()
+
+        answers = anyio.run(go)
+    assert [a.limits.remaining_tokens for a in answers] == [9 * used, 8 * used]
+    assert all(0 < a.limits.reset_tokens_s <= 30 for a in answers)
+    assert [a.limits.tokens_per_call for a in answers] == [used, used]
+    assert answers[1].limits.window()[0] == 8  # calls the tokens left still pay for
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_token_headers_slow_the_pool_down_before_a_429(db_url: str, provider: str) -> None:
+    """The provider admits 4.5 calls' worth of tokens per 1.5 s and says what is left in its token
+    headers (no requests headers); the ledger has no TPM configured, 4 slots, 10 requests: it turns
+    the tokens left into calls at what one call is counted, so the half call left is no room (a
+    5th call would be refused), waits for the window, and is never refused."""
+    n, model = 10, "gpt-4o-mini" if provider == "openai" else "claude-haiku"
+    messages = [{"role": "user", "content": "x"}]
+    per_call = chat_answer(model, None, messages, None).input_tokens + 32  # the prompt and max_tokens
+    tpm = 4 * per_call + per_call // 2
+    with mock_provider_process("--latency", "0.05", "--tpm", str(tpm), "--rpm-window", "1.5") as mock:
+        settings = load_settings(
+            _env_file=None,
+            LEDGER_DATABASE_URL=db_url,
+            MAX_CONCURRENT_LLM_CALLS=4,
+            OPENAI_BASE_URL=mock.openai_base_url,
+            ANTHROPIC_BASE_URL=mock.anthropic_base_url,
+            OPENAI_API_KEY="k",
+            ANTHROPIC_API_KEY="k",
+            LEDGER_POLL_INTERVAL=0.1,
+        )
+        store = Store(db_url)
+        store.enqueue(
+            to_row(
+                build_spec(
+                    provider=provider,
+                    model=model,
+                    idempotency_key=f"t{i}",
+                    messages=messages,
+                    params={"max_tokens": 32},
+                )
+            )
+            for i in range(n)
+        )
+        started = time.monotonic()
+        anyio.run(lambda: run_daemon(settings, until_idle=True, handle_signals=False))
+        elapsed = time.monotonic() - started
+        stats = mock.stats()
+    counts = store.status_counts()
+    store.close()
+    assert counts["completed"] == n
+    assert stats["status_counts"] == {"200": n}  # not one 429
+    assert elapsed >= 2 * 1.5  # 10 calls at 4 calls' tokens per window: three windows
 
 
 def test_a_429_saying_the_window_is_spent_cools_the_pool_and_teaches_no_limit(store: Store) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.base import ProviderError, classify_status, retry_after_seconds
+from adapters.base import CallResult, ProviderError, RateLimits, classify_status, retry_after_seconds, tokens_counted
 from ledger.pools import endpoint_for, normalize_endpoint
 from ledger.retry import JITTER_MAX_S, RetryPolicy
 
@@ -69,3 +69,26 @@ def test_retry_after_headers() -> None:
     assert retry_after_seconds({"retry-after": "2"}) == 2.0
     assert retry_after_seconds({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
     assert retry_after_seconds({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) is None
+
+
+def test_a_token_window_is_counted_in_calls_before_it_is_spent() -> None:
+    # 900 tokens left at 200 a call: room for 4 calls, before the requests count's 10.
+    limits = RateLimits(
+        remaining_requests=10, remaining_tokens=900, reset_requests_s=1, reset_tokens_s=6, tokens_per_call=200
+    )
+    assert limits.window() == (4, 6)
+    # The requests count is the tighter: its reset counts.
+    assert RateLimits(remaining_requests=2, remaining_tokens=900, reset_requests_s=1, tokens_per_call=200).window() == (
+        2,
+        1,
+    )
+    # Without a cost a call (a 429 has no usage), only spent tokens close the window.
+    assert RateLimits(remaining_tokens=900, reset_tokens_s=6).window() is None
+    assert RateLimits(remaining_tokens=0, reset_tokens_s=6).window() == (0, 6)
+
+
+def test_tokens_counted_is_the_prompt_and_max_tokens_or_else_the_usage() -> None:
+    answer = CallResult("ok", input_tokens=120, output_tokens=30)
+    assert tokens_counted(answer, 500) == 620
+    assert tokens_counted(answer, None) == 150
+    assert tokens_counted(CallResult("ok"), 500) is None
