@@ -76,7 +76,7 @@ class AnthropicAdapter:
         limits = read_rate_limits(response.headers)
         if limits is None:
             return result
-        return replace(result, limits=replace(limits, tokens_per_call=tokens_counted(result, body["max_tokens"])))
+        return replace(result, limits=replace(limits, call_tokens=tokens_counted(result, body["max_tokens"])))
 
     async def aclose(self) -> None:
         await self._client.close()

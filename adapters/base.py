@@ -42,31 +42,48 @@ class RateLimits:
     """What a provider's rate-limit headers said with an answer (success or error).
 
     `remaining_*`: requests / tokens the provider will still accept in its current window
-    (None: not said); `reset_*_s`: seconds until that window has room again;
-    `tokens_per_call`: what the provider counted against its token window for the call
-    that brought these headers (`tokens_counted`), the best guess of what the next one costs.
+    (None: not said): `remaining_tokens` counts input and output together (OpenAI's, and
+    Anthropic's combined limit), `remaining_input_tokens` / `remaining_output_tokens` are
+    Anthropic's separate limits. `reset_*_s`: seconds until that window has room again.
+    `call_tokens`: (input, output) tokens the provider counted for the call that brought
+    these headers (`tokens_counted`), the best guess of what the next one costs.
     """
 
     remaining_requests: int | None = None
     remaining_tokens: int | None = None
     reset_requests_s: float | None = None
     reset_tokens_s: float | None = None
-    tokens_per_call: int | None = None
+    remaining_input_tokens: int | None = None
+    remaining_output_tokens: int | None = None
+    call_tokens: tuple[int, int] | None = None
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether the headers said anything of a token window."""
+        told = (self.remaining_tokens, self.remaining_input_tokens, self.remaining_output_tokens)
+        return any(left is not None for left in told)
 
     def window(self) -> tuple[int, float] | None:
         """(calls the provider will still start, seconds until its window has room again), the
-        tighter of requests and tokens; None when the headers gave no remaining count.
+        tightest of requests and tokens; None when the headers gave no remaining count.
 
-        Tokens left are turned into calls at `tokens_per_call`, so a token window slows the
-        pool down before it is spent, not after. Without that guess (a 429 carries no usage),
-        spent tokens still leave room for no call at all, whatever the requests count says."""
+        Tokens left are turned into calls at `call_tokens`, each limit at its own part of a
+        call's cost, so a token window slows the pool down before it is spent, not after.
+        Without that guess (a 429 carries no usage), spent tokens still leave room for no
+        call at all, whatever the requests count says."""
         found: list[tuple[int, float]] = []
         if self.remaining_requests is not None:
             found.append((max(self.remaining_requests, 0), self.reset_requests_s or 0.0))
-        if self.remaining_tokens is not None and self.tokens_per_call:
-            found.append((max(self.remaining_tokens, 0) // self.tokens_per_call, self.reset_tokens_s or 0.0))
-        elif self.remaining_tokens is not None and self.remaining_tokens <= 0:
-            found.append((0, self.reset_tokens_s or 0.0))
+        cost_in, cost_out = self.call_tokens or (0, 0)
+        for left, per_call in (
+            (self.remaining_tokens, cost_in + cost_out),
+            (self.remaining_input_tokens, cost_in),
+            (self.remaining_output_tokens, cost_out),
+        ):
+            if left is not None and per_call > 0:
+                found.append((max(left, 0) // per_call, self.reset_tokens_s or 0.0))
+            elif left is not None and left <= 0:
+                found.append((0, self.reset_tokens_s or 0.0))
         if not found:
             return None
         remaining = min(n for n, _ in found)
@@ -196,15 +213,16 @@ _RESETS = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def tokens_counted(result: CallResult, max_tokens: Any) -> int | None:
-    """What a provider counts against its token window for an answered call. Both reserve the
-    prompt plus the request's `max_tokens` when the call is admitted (Anthropic settles the
-    output part later, OpenAI does not); a request without `max_tokens` is counted by its usage.
-    None when the answer reported no usage."""
+def tokens_counted(result: CallResult, max_tokens: Any) -> tuple[int, int] | None:
+    """(input, output) tokens a provider counts against its token windows for an answered call.
+    Both estimate a call when they admit it from its prompt and the `max_tokens` it asks for
+    (Anthropic's documentation says it adjusts the output part to the usage afterwards), so
+    that is what the next call must find room for; a request without `max_tokens` is counted
+    by its usage. None when the answer reported no usage."""
     if result.input_tokens is None and result.output_tokens is None:
         return None
-    out = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else (result.output_tokens or 0)
-    return (result.input_tokens or 0) + out
+    asked = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
+    return result.input_tokens or 0, max_tokens if asked else (result.output_tokens or 0)
 
 
 def read_rate_limits(headers: Any) -> RateLimits | None:
@@ -212,18 +230,16 @@ def read_rate_limits(headers: Any) -> RateLimits | None:
     if headers is None:
         return None
     requests = _least(headers, "x-ratelimit-remaining-requests", "anthropic-ratelimit-requests-remaining")
-    tokens = _least(
-        headers,
-        "x-ratelimit-remaining-tokens",
-        "anthropic-ratelimit-tokens-remaining",
-        "anthropic-ratelimit-input-tokens-remaining",
-        "anthropic-ratelimit-output-tokens-remaining",
-    )
-    if requests is None and tokens is None:
+    tokens = _least(headers, "x-ratelimit-remaining-tokens", "anthropic-ratelimit-tokens-remaining")
+    input_tokens = _least(headers, "anthropic-ratelimit-input-tokens-remaining")
+    output_tokens = _least(headers, "anthropic-ratelimit-output-tokens-remaining")
+    if requests is None and tokens is None and input_tokens is None and output_tokens is None:
         return None
     return RateLimits(
         remaining_requests=requests,
         remaining_tokens=tokens,
+        remaining_input_tokens=input_tokens,
+        remaining_output_tokens=output_tokens,
         reset_requests_s=_latest_reset(headers, "x-ratelimit-reset-requests", "anthropic-ratelimit-requests-reset"),
         reset_tokens_s=_latest_reset(
             headers,

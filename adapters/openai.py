@@ -64,7 +64,7 @@ class OpenAIAdapter:
         if limits is None:
             return result
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        return replace(result, limits=replace(limits, tokens_per_call=tokens_counted(result, max_tokens)))
+        return replace(result, limits=replace(limits, call_tokens=tokens_counted(result, max_tokens)))
 
     async def aclose(self) -> None:
         await self._client.close()

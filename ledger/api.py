@@ -44,8 +44,9 @@ class Ledger:
     def enqueue(self, spec: RequestSpec | Mapping[str, Any] | None = None, /, **fields: Any) -> int:
         """Queue one request; returns its id (the existing one if the key was seen before).
 
-        Raises `EnqueueError` (one line) for a bad request, or for a key already in the
-        ledger with a different body; nothing is written then.
+        The request is a `RequestSpec`, a mapping of its fields, or the fields as keywords
+        (not both). Raises `EnqueueError` (one line) for a bad request, or for a key already
+        in the ledger with a different body; nothing is written then.
         """
         from ledger.intake import enqueue_specs
 
@@ -62,13 +63,16 @@ class Ledger:
     def enqueue_many(self, specs: Iterable[RequestSpec | Mapping[str, Any]]) -> EnqueueResult:
         """Queue many requests, idempotently: all are checked before any is written.
 
-        A bad request, or a key used twice (in the batch, or against the ledger) with
-        different bodies, raises `EnqueueError` naming `requests[i]`, with nothing
-        written. A batch larger than one transaction (`Dialect.enqueue_pacing`) is
-        written in several; run again after a crash half-way, it adds only the rest.
+        Each request is a `RequestSpec` or a mapping of its fields. A bad request, or a
+        key used twice (in the batch, or against the ledger) with different bodies, raises
+        `EnqueueError` naming `requests[i]`, with nothing written. A batch larger than one
+        transaction (`Dialect.enqueue_pacing`) is written in several; run again after a
+        crash half-way, it adds only the rest.
         """
         from ledger.intake import enqueue_specs
 
+        if isinstance(specs, RequestSpec | Mapping | str | bytes):
+            raise EnqueueError(f"enqueue_many takes a list of requests, got one {type(specs).__name__}")
         result = enqueue_specs(self.store, self.settings, specs)
         announce(result)
         return result

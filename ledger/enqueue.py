@@ -75,7 +75,7 @@ class RequestSpec(BaseModel):
     endpoint: str | None = Field(default=None, max_length=300)
     trace: dict[str, Any] | None = None
 
-    def __init__(self, **fields: Any) -> None:
+    def __init__(self, /, **fields: Any) -> None:  # positional-only: a field named "self" is a field
         try:
             super().__init__(**fields)
         except ValidationError as exc:

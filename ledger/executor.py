@@ -8,9 +8,10 @@ at any point resumes at the right attempt number.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -19,7 +20,7 @@ import anyio
 from adapters.base import Adapter, CallRequest, CallResult, ProviderError, RateLimits
 from ledger import events
 from ledger.pools import CALLS_OUT
-from ledger.prices import PriceTable
+from ledger.prices import PriceTable, most_tokens
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.store import Store
@@ -190,8 +191,8 @@ async def execute(
                 time.monotonic() - started,
             )
             return
-        window = _window(error.limits, ctx.policy.max_delay)
         rate_limited = error.status_code == 429
+        window = _window(_refused_limits(error.limits, request) if rate_limited else error.limits, ctx.policy.max_delay)
         spent_for = window.reset_s if window is not None and window.remaining == 0 else None
         delay = ctx.policy.delay(attempt, error.retry_after if error.retry_after is not None else spent_for)
         cooldown = delay if rate_limited and error.retry_after is not None else None
@@ -255,6 +256,17 @@ def _window(limits: RateLimits | None, max_wait: float) -> PoolWindow | None:
     """The provider's rate-limit headers as the store reads them, the wait capped like a retry-after's."""
     found = limits.window() if limits is not None else None
     return None if found is None else PoolWindow(found[0], min(found[1], max_wait), time.monotonic())
+
+
+def _refused_limits(limits: RateLimits | None, request: ClaimedRequest) -> RateLimits | None:
+    """A 429's headers, with what the refused call would have cost: a 429 reports no usage, and a
+    token window with fewer tokens left than that has room for no call of its size (the 429 was
+    the window's, not the pool's concurrency). The cost is the ledger's own estimate of the
+    request, the one a TPM cap reserves."""
+    if limits is None or limits.call_tokens is not None or not limits.counts_tokens:
+        return limits
+    prompt_bytes = len(json.dumps(request.input, ensure_ascii=False).encode())
+    return replace(limits, call_tokens=most_tokens(prompt_bytes, request.params))
 
 
 def _ms(since: float) -> int:

@@ -75,12 +75,13 @@ class PriceTable:
         price = self.price(provider, model)
         if price is None:
             return None
-        input_tokens, max_out = _most_tokens(prompt_bytes, params)
+        input_tokens, max_out = most_tokens(prompt_bytes, params)
         return price.cost(input_tokens, max_out, batch=batch)
 
 
-def _most_tokens(prompt_bytes: int, params: dict[str, Any] | None) -> tuple[int, int]:
-    """(input tokens at most, output tokens at most) of a request."""
+def most_tokens(prompt_bytes: int, params: dict[str, Any] | None) -> tuple[int, int]:
+    """(input tokens at most, output tokens at most) of a request: what a TPM cap reserves for it,
+    and what a provider's token window must still hold for it to be admitted."""
     params = params or {}
     max_out = params.get("max_tokens") or params.get("max_completion_tokens") or DEFAULT_MAX_OUTPUT_TOKENS
     return -(-prompt_bytes // _BYTES_PER_TOKEN_AT_LEAST), int(max_out)
@@ -88,7 +89,7 @@ def _most_tokens(prompt_bytes: int, params: dict[str, Any] | None) -> tuple[int,
 
 def token_estimate(prompt_bytes: int, params: dict[str, Any] | None) -> int:
     """The tokens a request may use at most (input + max_tokens): what a TPM cap reserves for it."""
-    return sum(_most_tokens(prompt_bytes, params))
+    return sum(most_tokens(prompt_bytes, params))
 
 
 def _read(text: str, where: str) -> dict[tuple[str, str], Price]:

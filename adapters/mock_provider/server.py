@@ -2,9 +2,9 @@
 
 The real `openai` and `anthropic` SDKs talk to it unchanged, so tests, the demo
 and the benchmarks exercise the whole path. It simulates latency, a concurrency
-cap and a requests-per-minute limit (both answered with 429 + retry-after; with
-`--rpm`, every answer carries the provider's rate-limit headers: requests remaining
-and when the window has room again; `--tpm` does the same for tokens), random faults, and deterministic per-prompt
+cap, and requests- and tokens-per-minute limits (each answered with 429 +
+retry-after; with `--rpm` or `--tpm`, every answer carries the provider's
+rate-limit headers: what is left and when the window has room again), random faults, and deterministic per-prompt
 faults via `[[mock:...]]` directives in the prompt text:
 
     [[mock:fail=503x2]]   the first 2 calls of this prompt get 503 (`x*`: every call)
@@ -72,7 +72,7 @@ class MockProviderConfig:
     concurrency_retry_after: float = 1.0
     rpm: int | None = None
     rpm_window: float = 60.0  # seconds the `rpm` and `tpm` caps count over (tests shorten it)
-    tpm: int | None = None  # tokens (input + output) answered per window
+    tpm: int | None = None  # tokens admitted per window (a call: its prompt + max_tokens)
     fault_rates: dict[str, float] = field(default_factory=dict)
     seed: int = 0
     hang_seconds: float = 60.0
@@ -311,15 +311,16 @@ class MockProviderServer:
         return None
 
     def _over_tpm(self, payload: dict[str, Any], system: Any, messages: list[dict[str, Any]]) -> float | None:
-        """With a `tpm` cap, seconds until the window has room for this call (a 429), or None: the
-        call is counted and goes on. A call counts from its admission, as OpenAI counts it: the
-        prompt plus `max_tokens` (else the answer's own length), whatever it then uses; one that
-        does not fit in what is left is refused."""
+        """With a `tpm` cap, seconds until the oldest call leaves the window (a 429), or None: the
+        call is counted and goes on. A call counts from its admission, as the providers estimate
+        it: the prompt plus `max_tokens` (else the answer's own length), whatever it then uses;
+        one that does not fit in what is left is refused, unless the window is empty."""
         if self.config.tpm is None:
             return None
         answer = chat_answer(payload.get("model", "mock"), system, messages, payload.get("response_format"))
-        out = payload.get("max_tokens") or payload.get("max_completion_tokens") or answer.output_tokens
-        tokens = answer.input_tokens + int(out)
+        asked = payload.get("max_completion_tokens") or payload.get("max_tokens")
+        out = asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else answer.output_tokens
+        tokens = answer.input_tokens + out
         now = self._window_now()
         if self._spent and self._tokens_spent() + tokens > self.config.tpm:
             return max(0.05, self.config.rpm_window - (now - self._spent[0][0]))
@@ -341,7 +342,9 @@ class MockProviderServer:
         """With an `rpm` or `tpm` cap, every answer says what is left of the window as of when it
         is sent, and when the window is whole again (everything counted out of it), the way each
         provider says it (OpenAI: a duration; Anthropic: the moment). A 429's retry-after says
-        when one request gets through again."""
+        when the oldest counted call leaves the window."""
+        if self.config.rpm is None and self.config.tpm is None:
+            return reply
         now = self._window_now()
         window = self.config.rpm_window
         headers: list[tuple[str, str]] = []

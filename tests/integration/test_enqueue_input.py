@@ -286,6 +286,10 @@ API_BAD_BATCH: dict[str, tuple[object, str]] = {
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temprature": 0.5},
         "requests[2]: temprature: Extra inputs are not permitted",
     ),
+    "a field named self": (
+        {"self": 1, "model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        "requests[2]: self: Extra inputs are not permitted",
+    ),
     "message not an object": (
         {"model": "m", "messages": ["hi"]},
         "requests[2]: messages.0: Input should be a valid dictionary",
@@ -326,6 +330,9 @@ def test_a_mapping_is_enqueued_like_the_spec_it_spells(db_url: str) -> None:
         with pytest.raises(EnqueueError) as caught:
             ledger.enqueue(fields, model="other")
         assert str(caught.value) == "give a request spec or its fields, not both (fields: model)"
+        with pytest.raises(EnqueueError) as caught:
+            ledger.enqueue_many(fields)  # type: ignore[arg-type]
+        assert str(caught.value) == "enqueue_many takes a list of requests, got one dict"
     assert request_count(db_url) == 2
 
 

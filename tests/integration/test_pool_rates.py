@@ -271,7 +271,7 @@ def test_adapters_surface_the_token_headers(provider: str) -> None:
         answers = anyio.run(go)
     assert [a.limits.remaining_tokens for a in answers] == [9 * used, 8 * used]
     assert all(0 < a.limits.reset_tokens_s <= 30 for a in answers)
-    assert [a.limits.tokens_per_call for a in answers] == [used, used]
+    assert [a.limits.call_tokens for a in answers] == [(used - 40, 40)] * 2
     assert answers[1].limits.window()[0] == 8  # calls the tokens left still pay for
 
 
@@ -318,6 +318,58 @@ def test_token_headers_slow_the_pool_down_before_a_429(db_url: str, provider: st
     assert counts["completed"] == n
     assert stats["status_counts"] == {"200": n}  # not one 429
     assert elapsed >= 2 * 1.5  # 10 calls at 4 calls' tokens per window: three windows
+
+
+def test_a_token_429_cools_the_pool_and_teaches_no_concurrency_limit(db_url: str) -> None:
+    """The provider admits 2.5 calls' worth of tokens per 2 s; the ledger (4 slots) knows nothing
+    of it when it starts, so its third call is refused while two are out, with tokens still left
+    (half a call's). Read with the refused call's own estimate (its prompt and `max_tokens`), that
+    is a spent window: the pool waits for it, and learns no concurrency limit of 2."""
+    n, model = 6, "gpt-4o-mini"
+    messages = [{"role": "user", "content": "x"}]
+    per_call = chat_answer(model, None, messages, None).input_tokens + 32
+    tpm = 2 * per_call + per_call // 2
+    with mock_provider_process("--latency", "0.3", "--tpm", str(tpm), "--rpm-window", "2") as mock:
+        settings = load_settings(
+            _env_file=None,
+            LEDGER_DATABASE_URL=db_url,
+            MAX_CONCURRENT_LLM_CALLS=4,
+            OPENAI_BASE_URL=mock.openai_base_url,
+            OPENAI_API_KEY="k",
+            LEDGER_POLL_INTERVAL=0.1,
+            RETRY_MAX_ATTEMPTS=10,
+        )
+        store = Store(db_url)
+        store.enqueue(
+            to_row(build_spec(model=model, idempotency_key=f"r{i}", messages=messages, params={"max_tokens": 32}))
+            for i in range(n)
+        )
+        anyio.run(lambda: run_daemon(settings, until_idle=True, handle_signals=False))
+        stats = mock.stats()
+    usage = store.pool_usage()["openai:gpt-4o-mini"]
+    counts = store.status_counts()
+    store.close()
+    assert counts["completed"] == n
+    assert stats["status_counts"].get("429", 0) >= 1  # the window was found the hard way once
+    assert usage["learned_limit"] is None  # and taught no concurrency limit
+
+
+def test_a_429_leaves_the_window_an_earlier_answer_announced(store: Store) -> None:
+    """A refusal whose headers still show room for other calls (the refused one did not fit)
+    does not lift the window an earlier answer set: that would speed the pool into more 429s."""
+    from ledger.store.rows import PoolWindow
+
+    add_requests(store, 4)
+    held = claim(store, 2)
+    store.record([Completed(held[0], 1, "ok", 5, 10, 10, 200, None, PoolWindow(3, 30.0))])
+    claim(store, 1)  # this claim finds the pool held to the window
+    refused = RetryLater(
+        held[1], 1, AttemptFailure(429, "rate_limit", "tpm", 1), 2.0, False, None, PoolWindow(60, 1.0), calls_out=2
+    )
+    store.record([refused])
+    with store.engine.connect() as conn:
+        left = conn.execute(text("SELECT window_left FROM llm_pools WHERE endpoint = :e"), {"e": POOL}).scalar_one()
+    assert left is not None
 
 
 def test_a_429_saying_the_window_is_spent_cools_the_pool_and_teaches_no_limit(store: Store) -> None:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.base import CallResult, ProviderError, RateLimits, classify_status, retry_after_seconds, tokens_counted
+from adapters.base import (
+    CallResult,
+    ProviderError,
+    RateLimits,
+    classify_status,
+    read_rate_limits,
+    retry_after_seconds,
+    tokens_counted,
+)
 from ledger.pools import endpoint_for, normalize_endpoint
 from ledger.retry import JITTER_MAX_S, RetryPolicy
 
@@ -74,21 +82,41 @@ def test_retry_after_headers() -> None:
 def test_a_token_window_is_counted_in_calls_before_it_is_spent() -> None:
     # 900 tokens left at 200 a call: room for 4 calls, before the requests count's 10.
     limits = RateLimits(
-        remaining_requests=10, remaining_tokens=900, reset_requests_s=1, reset_tokens_s=6, tokens_per_call=200
+        remaining_requests=10, remaining_tokens=900, reset_requests_s=1, reset_tokens_s=6, call_tokens=(150, 50)
     )
     assert limits.window() == (4, 6)
     # The requests count is the tighter: its reset counts.
-    assert RateLimits(remaining_requests=2, remaining_tokens=900, reset_requests_s=1, tokens_per_call=200).window() == (
-        2,
-        1,
-    )
-    # Without a cost a call (a 429 has no usage), only spent tokens close the window.
+    limits = RateLimits(remaining_requests=2, remaining_tokens=900, reset_requests_s=1, call_tokens=(150, 50))
+    assert limits.window() == (2, 1)
+    # Without a call's cost (a 429 has no usage), only spent tokens close the window.
     assert RateLimits(remaining_tokens=900, reset_tokens_s=6).window() is None
     assert RateLimits(remaining_tokens=0, reset_tokens_s=6).window() == (0, 6)
 
 
+def test_anthropics_input_and_output_limits_each_count_their_own_part_of_a_call() -> None:
+    """5,000 output tokens left and 400,000 input tokens: calls of 8,000 in and 1,024 out fit
+    4 times (the output limit), not 0 (5,000 over the whole call's 9,024)."""
+    headers = {
+        "anthropic-ratelimit-requests-remaining": "100",
+        "anthropic-ratelimit-input-tokens-remaining": "400000",
+        "anthropic-ratelimit-output-tokens-remaining": "5000",
+        "anthropic-ratelimit-output-tokens-reset": "2026-11-27T00:00:30Z",
+    }
+    limits = read_rate_limits(headers)
+    assert limits is not None and limits.remaining_tokens is None and limits.counts_tokens
+    assert (limits.remaining_input_tokens, limits.remaining_output_tokens) == (400_000, 5_000)
+    from dataclasses import replace
+
+    window = replace(limits, call_tokens=(8_000, 1_024)).window()
+    assert window is not None and window[0] == 4
+    # The combined limit, when Anthropic sends it, counts the whole call.
+    both = replace(limits, remaining_tokens=20_000, call_tokens=(8_000, 1_024)).window()
+    assert both is not None and both[0] == 2
+
+
 def test_tokens_counted_is_the_prompt_and_max_tokens_or_else_the_usage() -> None:
     answer = CallResult("ok", input_tokens=120, output_tokens=30)
-    assert tokens_counted(answer, 500) == 620
-    assert tokens_counted(answer, None) == 150
+    assert tokens_counted(answer, 500) == (120, 500)
+    assert tokens_counted(answer, None) == (120, 30)
+    assert tokens_counted(answer, True) == (120, 30)  # not a number of tokens
     assert tokens_counted(CallResult("ok"), 500) is None
