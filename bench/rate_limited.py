@@ -8,13 +8,17 @@ Runs, each against a fresh mock provider process and a fresh SQLite ledger:
 - with `--reference` too, a bare SDK loop held to the provider's cap by an `asyncio.Semaphore(8)`
   (no ledger, the cap known): how close to the bound the SDK itself gets on this machine;
 - the ledger with `LEDGER_POOL_RPM` below the provider's own requests-per-window cap (that
-  provider has no concurrency cap, so any 429 would be the window's): no 429.
+  provider has no concurrency cap, so any 429 would be the window's): no 429;
+- with `--provider-tpm T`, the ledger at 16 against a provider that admits T tokens per window
+  and says what is left in its token headers, with no `LEDGER_POOL_TPM` configured: what the
+  headers alone hold back (decision 85).
 
 The capacity bound is requests / 8 x latency. Wall is measured two ways: end to end (the
 daemon's start-up included: migrations, adapter import) and as the provider saw it (its
 first call received to its last answer sent), which is what the bound compares with.
 
     python -m bench.rate_limited [--requests 300] [--latency 0.1] [--no-naive] [--reference]
+                                 [--provider-tpm 2000]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import anyio
 import openai
 
 from adapters.mock_provider import mock_provider_process
+from adapters.mock_provider.answers import chat_answer
 from bench.common import fresh_database, specs
 from ledger.api import Ledger
 from ledger.daemon import run_daemon
@@ -114,6 +119,7 @@ def main() -> int:
     parser.add_argument("--rpm", type=int, default=60, help="the ledger's LEDGER_POOL_RPM (per --window)")
     parser.add_argument("--provider-rpm", type=int, default=75, help="the provider's own cap (per --window)")
     parser.add_argument("--window", type=float, default=1.0, help="seconds the RPM caps count over (a short minute)")
+    parser.add_argument("--provider-tpm", type=int, default=None, help="also a provider admitting this many tokens")
     args = parser.parse_args()
     n = args.requests
     cap = ["--latency", str(args.latency), "--max-concurrency", str(CAP)]
@@ -158,7 +164,22 @@ def main() -> int:
         f"{args.window:g} s: bound {rpm_bound:.2f} s"
     )
     print(line("ledger, limit 16, RPM below:", rated, rpm_bound))
+    if args.provider_tpm:
+        token_window(n, args.latency, args.window, args.provider_tpm)
     return 0
+
+
+def token_window(n: int, latency: float, window: float, tpm: int) -> None:
+    """The provider's token window, known to the ledger only from its headers."""
+    tokens = 0
+    for spec in specs(n):  # what the mock counts a call: its prompt and its answer (no max_tokens)
+        answer = chat_answer(spec.model, None, spec.messages, None)
+        tokens += answer.input_tokens + answer.output_tokens
+    mock_args = ["--latency", str(latency), "--tpm", str(tpm), "--rpm-window", str(window)]
+    run = ledger_run(n, mock_args, 16, LEDGER_POLL_INTERVAL=min(0.5, window / 20))
+    bound = (tokens / tpm - 1) * window + latency
+    print(f"provider admits {tpm} tokens per {window:g} s ({tokens} in all); no LEDGER_POOL_TPM: bound {bound:.2f} s")
+    print(line("ledger, limit 16, token headers:", run, bound))
 
 
 if __name__ == "__main__":
