@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -21,7 +22,7 @@ from adapters.mock_provider import mock_provider_process, running_mock_provider
 from adapters.mock_provider.answers import chat_answer
 from adapters.openai import OpenAIAdapter
 from ledger.daemon import run_daemon
-from ledger.enqueue import build_spec, to_row
+from ledger.enqueue import RequestSpec, build_spec, to_row
 from ledger.settings import SettingsError, load_settings, parse_pool_limits
 from ledger.store import Store
 from ledger.store.pools import RAMP_STEP, PoolRules
@@ -210,43 +211,61 @@ def test_adapters_surface_the_rate_limit_headers_on_answers_and_on_429s(provider
     assert refused.limits.remaining_requests == 0 and refused.limits.window() is not None
 
 
+@dataclass(frozen=True)
+class MockRun:
+    """A daemon's run until idle against a mock provider process: what each side saw."""
+
+    stats: dict[str, Any]  # the provider's (`/_stats`)
+    counts: dict[str, int]  # requests per status
+    pools: dict[str, dict[str, Any]]  # `Store.pool_usage`
+    cooled: Any  # the pool's last `cooldown_until`, None if it never cooled down
+    elapsed: float
+
+
+def run_against_mock(db_url: str, mock_args: list[str], specs: list[RequestSpec], **env: Any) -> MockRun:
+    """`specs` queued, then a daemon (4 slots, keys for both providers, unless `env` says) until idle
+    against a mock provider process started with `mock_args`."""
+    with mock_provider_process(*mock_args) as mock:
+        settings = load_settings(
+            **{
+                "_env_file": None,
+                "LEDGER_DATABASE_URL": db_url,
+                "MAX_CONCURRENT_LLM_CALLS": 4,
+                "OPENAI_BASE_URL": mock.openai_base_url,
+                "ANTHROPIC_BASE_URL": mock.anthropic_base_url,
+                "OPENAI_API_KEY": "k",
+                "ANTHROPIC_API_KEY": "k",
+                "LEDGER_POLL_INTERVAL": 0.1,
+                **env,
+            }
+        )
+        store = Store(db_url)
+        try:
+            store.enqueue(to_row(spec) for spec in specs)
+            started = time.monotonic()
+            anyio.run(lambda: run_daemon(settings, until_idle=True, handle_signals=False))
+            elapsed = time.monotonic() - started
+            with store.engine.connect() as conn:
+                cooled = conn.execute(text("SELECT max(cooldown_until) FROM llm_pools")).scalar_one()
+            return MockRun(mock.stats(), store.status_counts(), store.pool_usage(), cooled, elapsed)
+        finally:
+            store.close()
+
+
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_headers_slow_the_pool_down_before_a_429(db_url: str, provider: str) -> None:
     """The provider takes 4 requests per 1.5 s and says so in its headers; the ledger has no RPM
     configured, 4 slots, 10 requests: it waits for the window each time, and is never refused."""
     n, model = 10, "gpt-4o-mini" if provider == "openai" else "claude-haiku"
-    with mock_provider_process("--latency", "0.05", "--rpm", "4", "--rpm-window", "1.5") as mock:
-        settings = load_settings(
-            _env_file=None,
-            LEDGER_DATABASE_URL=db_url,
-            MAX_CONCURRENT_LLM_CALLS=4,
-            OPENAI_BASE_URL=mock.openai_base_url,
-            ANTHROPIC_BASE_URL=mock.anthropic_base_url,
-            OPENAI_API_KEY="k",
-            ANTHROPIC_API_KEY="k",
-            LEDGER_POLL_INTERVAL=0.1,
-        )
-        store = Store(db_url)
-        store.enqueue(
-            to_row(
-                build_spec(
-                    provider=provider, model=model, idempotency_key=f"h{i}", messages=[{"role": "user", "content": "x"}]
-                )
-            )
-            for i in range(n)
-        )
-        started = time.monotonic()
-        anyio.run(lambda: run_daemon(settings, until_idle=True, handle_signals=False))
-        elapsed = time.monotonic() - started
-        stats = mock.stats()
-    with store.engine.connect() as conn:
-        cooled = conn.execute(text("SELECT cooldown_until FROM llm_pools")).scalar_one()
-    counts = store.status_counts()
-    store.close()
-    assert counts["completed"] == n
-    assert stats["status_counts"] == {"200": n}  # not one 429
-    assert cooled is not None  # the window was spent and the pool waited for it
-    assert elapsed >= 2 * 1.5  # 10 requests at 4 per window: three windows
+    specs = [
+        build_spec(provider=provider, model=model, idempotency_key=f"h{i}", messages=[{"role": "user", "content": "x"}])
+        for i in range(n)
+    ]
+    run = run_against_mock(db_url, ["--latency", "0.05", "--rpm", "4", "--rpm-window", "1.5"], specs)
+    assert run.counts["completed"] == n
+    assert run.stats["status_counts"] == {"200": n}  # not one 429
+    assert run.cooled is not None  # the window was spent and the pool waited for it
+    assert run.elapsed >= 2 * 1.5  # 10 requests at 4 per window: three windows
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
@@ -284,40 +303,17 @@ def test_token_headers_slow_the_pool_down_before_a_429(db_url: str, provider: st
     n, model = 10, "gpt-4o-mini" if provider == "openai" else "claude-haiku"
     messages = [{"role": "user", "content": "x"}]
     per_call = chat_answer(model, None, messages, None).input_tokens + 32  # the prompt and max_tokens
+    specs = [
+        build_spec(
+            provider=provider, model=model, idempotency_key=f"t{i}", messages=messages, params={"max_tokens": 32}
+        )
+        for i in range(n)
+    ]
     tpm = 4 * per_call + per_call // 2
-    with mock_provider_process("--latency", "0.05", "--tpm", str(tpm), "--rpm-window", "1.5") as mock:
-        settings = load_settings(
-            _env_file=None,
-            LEDGER_DATABASE_URL=db_url,
-            MAX_CONCURRENT_LLM_CALLS=4,
-            OPENAI_BASE_URL=mock.openai_base_url,
-            ANTHROPIC_BASE_URL=mock.anthropic_base_url,
-            OPENAI_API_KEY="k",
-            ANTHROPIC_API_KEY="k",
-            LEDGER_POLL_INTERVAL=0.1,
-        )
-        store = Store(db_url)
-        store.enqueue(
-            to_row(
-                build_spec(
-                    provider=provider,
-                    model=model,
-                    idempotency_key=f"t{i}",
-                    messages=messages,
-                    params={"max_tokens": 32},
-                )
-            )
-            for i in range(n)
-        )
-        started = time.monotonic()
-        anyio.run(lambda: run_daemon(settings, until_idle=True, handle_signals=False))
-        elapsed = time.monotonic() - started
-        stats = mock.stats()
-    counts = store.status_counts()
-    store.close()
-    assert counts["completed"] == n
-    assert stats["status_counts"] == {"200": n}  # not one 429
-    assert elapsed >= 2 * 1.5  # 10 calls at 4 calls' tokens per window: three windows
+    run = run_against_mock(db_url, ["--latency", "0.05", "--tpm", str(tpm), "--rpm-window", "1.5"], specs)
+    assert run.counts["completed"] == n
+    assert run.stats["status_counts"] == {"200": n}  # not one 429
+    assert run.elapsed >= 2 * 1.5  # 10 calls at 4 calls' tokens per window: three windows
 
 
 def test_a_token_429_cools_the_pool_and_teaches_no_concurrency_limit(db_url: str) -> None:
@@ -328,30 +324,15 @@ def test_a_token_429_cools_the_pool_and_teaches_no_concurrency_limit(db_url: str
     n, model = 6, "gpt-4o-mini"
     messages = [{"role": "user", "content": "x"}]
     per_call = chat_answer(model, None, messages, None).input_tokens + 32
+    specs = [
+        build_spec(model=model, idempotency_key=f"r{i}", messages=messages, params={"max_tokens": 32}) for i in range(n)
+    ]
     tpm = 2 * per_call + per_call // 2
-    with mock_provider_process("--latency", "0.3", "--tpm", str(tpm), "--rpm-window", "2") as mock:
-        settings = load_settings(
-            _env_file=None,
-            LEDGER_DATABASE_URL=db_url,
-            MAX_CONCURRENT_LLM_CALLS=4,
-            OPENAI_BASE_URL=mock.openai_base_url,
-            OPENAI_API_KEY="k",
-            LEDGER_POLL_INTERVAL=0.1,
-            RETRY_MAX_ATTEMPTS=10,
-        )
-        store = Store(db_url)
-        store.enqueue(
-            to_row(build_spec(model=model, idempotency_key=f"r{i}", messages=messages, params={"max_tokens": 32}))
-            for i in range(n)
-        )
-        anyio.run(lambda: run_daemon(settings, until_idle=True, handle_signals=False))
-        stats = mock.stats()
-    usage = store.pool_usage()["openai:gpt-4o-mini"]
-    counts = store.status_counts()
-    store.close()
-    assert counts["completed"] == n
-    assert stats["status_counts"].get("429", 0) >= 1  # the window was found the hard way once
-    assert usage["learned_limit"] is None  # and taught no concurrency limit
+    mock_args = ["--latency", "0.3", "--tpm", str(tpm), "--rpm-window", "2"]
+    run = run_against_mock(db_url, mock_args, specs, RETRY_MAX_ATTEMPTS=10)
+    assert run.counts["completed"] == n
+    assert run.stats["status_counts"].get("429", 0) >= 1  # the window was found the hard way once
+    assert run.pools["openai:gpt-4o-mini"]["learned_limit"] is None  # and taught no concurrency limit
 
 
 def test_a_429_leaves_the_window_an_earlier_answer_announced(store: Store) -> None:
