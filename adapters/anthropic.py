@@ -8,7 +8,6 @@ Anthropic requires, `stop` becomes `stop_sequences`, OpenAI-only knobs are dropp
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 import anthropic
@@ -20,10 +19,9 @@ from adapters.base import (
     json_body,
     malformed,
     raise_error_in_body,
-    read_rate_limits,
     sdk_errors,
     token_count,
-    tokens_counted,
+    with_rate_limits,
 )
 
 DEFAULT_MAX_TOKENS = 1024
@@ -72,11 +70,7 @@ class AnthropicAdapter:
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             raise malformed("response has no content list", response.status_code)
         text, input_tokens, output_tokens = message_parts(message)
-        result = CallResult(text, input_tokens, output_tokens)
-        limits = read_rate_limits(response.headers)
-        if limits is None:
-            return result
-        return replace(result, limits=replace(limits, call_tokens=tokens_counted(result, body["max_tokens"])))
+        return with_rate_limits(CallResult(text, input_tokens, output_tokens), response.headers, body["max_tokens"])
 
     async def aclose(self) -> None:
         await self._client.close()

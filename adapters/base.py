@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -223,6 +223,16 @@ def tokens_counted(result: CallResult, max_tokens: Any) -> tuple[int, int] | Non
         return None
     asked = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
     return result.input_tokens or 0, max_tokens if asked else (result.output_tokens or 0)
+
+
+def with_rate_limits(result: CallResult, headers: Any, max_tokens: Any) -> CallResult:
+    """An answer with its rate-limit headers and what the provider counted for it against its
+    token windows (`tokens_counted`, from the `max_tokens` the request sent); the answer as it
+    is when it came with no such headers."""
+    limits = read_rate_limits(headers)
+    if limits is None:
+        return result
+    return replace(result, limits=replace(limits, call_tokens=tokens_counted(result, max_tokens)))
 
 
 def read_rate_limits(headers: Any) -> RateLimits | None:

@@ -7,7 +7,6 @@ completion, so the body is read raw and checked before it is trusted.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import httpx2
@@ -19,10 +18,9 @@ from adapters.base import (
     json_body,
     malformed,
     raise_error_in_body,
-    read_rate_limits,
     sdk_errors,
     token_count,
-    tokens_counted,
+    with_rate_limits,
 )
 
 
@@ -60,11 +58,7 @@ class OpenAIAdapter:
                 "/chat/completions", cast_to=httpx2.Response, body=body, options={"timeout": timeout}
             )
         result = parse_chat_completion(response.text, response.status_code)
-        limits = read_rate_limits(response.headers)
-        if limits is None:
-            return result
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        return replace(result, limits=replace(limits, call_tokens=tokens_counted(result, max_tokens)))
+        return with_rate_limits(result, response.headers, body.get("max_completion_tokens") or body.get("max_tokens"))
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -33,7 +33,7 @@ from adapters.registry import PROVIDER_NAMES
 from ledger.fingerprint import body_hash, canonical, json_texts
 from ledger.params import params_problem
 from ledger.pools import endpoint_for, normalize_endpoint
-from ledger.prices import PriceTable, token_estimate
+from ledger.prices import PriceTable, input_bytes, token_estimate
 from ledger.settings import DEFAULT_MAX_LINE_BYTES
 from ledger.statuses import Delivery
 
@@ -190,7 +190,7 @@ def checked_row(
         row["idempotency_key"] = spec.idempotency_key or content_key(row)
         row["batch_key"] = batch_key(row)
         row["body_hash"] = body_hash(row, texts)
-        prompt_bytes = len(json.dumps(input_, ensure_ascii=False).encode())
+        prompt_bytes = input_bytes(input_)
         row["token_estimate"] = token_estimate(prompt_bytes, spec.params)
         if prices is not None:
             batch = spec.delivery is Delivery.BATCH

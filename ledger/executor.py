@@ -8,7 +8,6 @@ at any point resumes at the right attempt number.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,7 +19,7 @@ import anyio
 from adapters.base import Adapter, CallRequest, CallResult, ProviderError, RateLimits
 from ledger import events
 from ledger.pools import CALLS_OUT
-from ledger.prices import PriceTable, most_tokens
+from ledger.prices import PriceTable, input_bytes, most_tokens
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.store import Store
@@ -263,10 +262,9 @@ def _refused_limits(limits: RateLimits | None, request: ClaimedRequest) -> RateL
     token window with fewer tokens left than that has room for no call of its size (the 429 was
     the window's, not the pool's concurrency). The cost is the ledger's own estimate of the
     request, the one a TPM cap reserves."""
-    if limits is None or limits.call_tokens is not None or not limits.counts_tokens:
+    if limits is None or not limits.counts_tokens:
         return limits
-    prompt_bytes = len(json.dumps(request.input, ensure_ascii=False).encode())
-    return replace(limits, call_tokens=most_tokens(prompt_bytes, request.params))
+    return replace(limits, call_tokens=most_tokens(input_bytes(request.input), request.params))
 
 
 def _ms(since: float) -> int:

@@ -9,6 +9,7 @@ without calling anything again.
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from dataclasses import dataclass
@@ -77,6 +78,11 @@ class PriceTable:
             return None
         input_tokens, max_out = most_tokens(prompt_bytes, params)
         return price.cost(input_tokens, max_out, batch=batch)
+
+
+def input_bytes(input_: Any) -> int:
+    """A request's stored input (system, messages) as the estimates size it: its JSON in UTF-8."""
+    return len(json.dumps(input_, ensure_ascii=False).encode())
 
 
 def most_tokens(prompt_bytes: int, params: dict[str, Any] | None) -> tuple[int, int]:

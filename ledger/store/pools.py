@@ -421,8 +421,9 @@ def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard, win
     if left is not None and left <= _MOST_CALLS and h.reset_s > 0:
         values = {"window_left": left, "window_until": db_now_plus(h.reset_s)}
         conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
-    elif left is not None and windowed and not h.rate_limited:  # room enough again: an earlier answer's limit goes
-        # (never on a refusal: a window with room left for other calls still refused this one)
+    elif left is not None and windowed and not h.rate_limited:
+        # Room enough again: an earlier answer's window no longer holds back. Never on a refusal:
+        # a window with room left for other calls still refused this one.
         open_window = and_(pools.c.endpoint == endpoint, pools.c.window_until.is_not(None))
         conn.execute(update(pools).where(open_window).values(window_left=None, window_until=None))
     if not h.rate_limited:
