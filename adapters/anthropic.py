@@ -16,6 +16,10 @@ import httpx2
 from adapters.base import (
     CallRequest,
     CallResult,
+    ToolCall,
+    arguments_text,
+    finish_reason,
+    joined,
     json_body,
     malformed,
     raise_error_in_body,
@@ -69,17 +73,61 @@ class AnthropicAdapter:
         raise_error_in_body(message, response.status_code)  # Anthropic's: {"type": "error", "error": {...}}
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             raise malformed("response has no content list", response.status_code)
-        text, input_tokens, output_tokens = message_parts(message)
-        return with_rate_limits(CallResult(text, input_tokens, output_tokens), response.headers, body["max_tokens"])
+        return with_rate_limits(message_result(message), response.headers, body["max_tokens"])
 
     async def aclose(self) -> None:
         await self._client.close()
 
 
-def message_parts(message: Any) -> tuple[str, int | None, int | None]:
-    """A Messages API answer's text (its text blocks joined) and token usage; online and in batches."""
+# Messages' `stop_reason`, in the ledger's words.
+_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "refusal",
+}
+
+
+def message_result(message: Any, status_code: int = 200) -> CallResult:
+    """A Messages API answer, whole (online and in batches): text blocks joined, `tool_use` blocks
+    as tool calls, `thinking` blocks as thinking; input tokens counted in full (cache reads and
+    cache writes are input the model read, billed at their own rates)."""
     if not isinstance(message, dict):
         message = {}
-    text = "".join(b.get("text", "") for b in message.get("content") or [] if b.get("type") == "text")
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[ToolCall] = []
+    for block in message.get("content") or []:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(str(block.get("text") or ""))
+        elif kind == "thinking":
+            thoughts.append(str(block.get("thinking") or ""))
+        elif kind in ("tool_use", "server_tool_use"):
+            calls.append(
+                ToolCall(str(block.get("id") or ""), str(block.get("name") or ""), arguments_text(block.get("input")))
+            )
+    said = message.get("stop_reason")
     usage = message.get("usage") or {}
-    return text, token_count(usage.get("input_tokens")), token_count(usage.get("output_tokens"))
+    uncached = token_count(usage.get("input_tokens"))
+    read = token_count(usage.get("cache_read_input_tokens"))
+    written = token_count(usage.get("cache_creation_input_tokens"))
+    total_in = None if uncached is None else uncached + (read or 0) + (written or 0)
+    return CallResult(
+        "".join(texts),
+        total_in,
+        token_count(usage.get("output_tokens")),
+        status_code,
+        finish_reason=finish_reason(said, _FINISH),
+        provider_finish_reason=said if isinstance(said, str) else None,
+        tool_calls=tuple(calls),
+        refusal=("".join(texts) or None) if said == "refusal" else None,
+        thinking=joined(thoughts),
+        cached_input_tokens=read,
+        cache_write_tokens=written,
+        response=message,
+    )

@@ -17,7 +17,7 @@ import anthropic
 import anyio
 from anthropic.types.messages import MessageBatch
 
-from adapters.anthropic import anthropic_params, message_parts
+from adapters.anthropic import anthropic_params, message_result
 from adapters.base import (
     BatchLayout,
     BatchLine,
@@ -139,8 +139,7 @@ def result_line(line: str | bytes) -> BatchLine:
     result = obj.get("result") or {}
     kind = result.get("type")
     if kind == "succeeded":
-        text, input_tokens, output_tokens = message_parts(result.get("message"))
-        return BatchLine(custom_id, "succeeded", text, input_tokens, output_tokens, 200)
+        return BatchLine(custom_id, "succeeded", message_result(result.get("message")), 200)
     if kind in ("expired", "canceled"):
         return BatchLine(custom_id, kind, error_code=f"batch_{kind}")
     error = (result.get("error") or {}).get("error") or {}

@@ -35,6 +35,7 @@ class CallRequest:
     system: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     response_format: dict[str, Any] | None = None
+    api: str | None = None  # chat | responses | messages; None: the provider's usual one
 
 
 @dataclass(frozen=True)
@@ -90,13 +91,48 @@ class RateLimits:
         return remaining, max(s for n, s in found if n == remaining)
 
 
+# Why an answer ended, in the ledger's words (each adapter maps its provider's own word here,
+# and keeps that word as `provider_finish_reason`).
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "refusal", "other")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model asked for: `arguments` is the exact JSON text it produced (Anthropic's
+    `tool_use` input, which arrives as an object, serialised with sorted keys)."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+
 @dataclass(frozen=True)
 class CallResult:
+    """One answer, whole: its text (`raw_output`: text blocks joined, "" for an answer that is
+    only a tool call), the provider-neutral fields derived from its body, the usage in full, and
+    the body itself as received (`response`, the parsed JSON, never changed).
+
+    `input_tokens` is every input token the model read (cached ones and cache writes included);
+    `cached_input_tokens` and `cache_write_tokens` are the parts of it billed at other rates;
+    `reasoning_tokens` the part of `output_tokens` spent thinking."""
+
     text: str
     input_tokens: int | None = None
     output_tokens: int | None = None
     status_code: int = 200
     limits: RateLimits | None = None  # the provider's rate-limit headers, when it sent any
+    finish_reason: str | None = None  # one of FINISH_REASONS
+    provider_finish_reason: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    refusal: str | None = None
+    thinking: str | None = None
+    cached_input_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    response: Any = None
 
 
 class ProviderError(Exception):
@@ -303,6 +339,28 @@ def reset_seconds(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def finish_reason(word: Any, table: dict[str, str]) -> str | None:
+    """A provider's word for why an answer ended, in the ledger's (`FINISH_REASONS`): from the
+    adapter's `table`, "other" for a word it does not know, None when the provider said none."""
+    if not isinstance(word, str) or not word:
+        return None
+    return table.get(word, "other")
+
+
+def arguments_text(value: Any) -> str:
+    """A tool call's arguments as JSON text: as the model wrote them when they came as text (an
+    OpenAI function call), else the object serialised with sorted keys (Anthropic's `input`)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def joined(parts: list[str]) -> str | None:
+    """Text pieces of one kind (thinking blocks, refusals) as one text; None when there are none."""
+    found = [part for part in parts if part]
+    return "\n\n".join(found) if found else None
+
+
 def token_count(value: Any) -> int | None:
     """A usage count as a provider sent it, as a whole number: some OpenAI-compatible servers
     send `12.0`, which PostgreSQL's integer columns refuse; anything not a number is unknown."""
@@ -437,9 +495,7 @@ class BatchLine:
 
     custom_id: str
     kind: str
-    text: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
+    answer: CallResult | None = None  # succeeded: the answer, whole
     status_code: int | None = None
     error_code: str | None = None
     message: str | None = None

@@ -31,7 +31,10 @@ class MockAdapter:
         else:
             await anyio.lowlevel.checkpoint()
         answer = chat_answer(request.model, request.system, request.messages, request.response_format)
-        return CallResult(answer.text, answer.input_tokens, answer.output_tokens)
+        # In process there is no body to keep: the answer's fields are all there is.
+        return CallResult(
+            answer.text, answer.input_tokens, answer.output_tokens, finish_reason="stop", provider_finish_reason="stop"
+        )
 
     async def aclose(self) -> None:
         return None

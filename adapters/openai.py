@@ -15,6 +15,9 @@ import openai
 from adapters.base import (
     CallRequest,
     CallResult,
+    ToolCall,
+    arguments_text,
+    finish_reason,
     json_body,
     malformed,
     raise_error_in_body,
@@ -22,6 +25,7 @@ from adapters.base import (
     token_count,
     with_rate_limits,
 )
+from adapters.openai_responses import RESPONSES_API, responses_body, responses_result
 
 
 def openai_messages(request: CallRequest) -> list[dict[str, Any]]:
@@ -30,6 +34,14 @@ def openai_messages(request: CallRequest) -> list[dict[str, Any]]:
         messages.append({"role": "system", "content": request.system})
     messages.extend(request.messages)
     return messages
+
+
+def chat_body(request: CallRequest) -> dict[str, Any]:
+    """The chat completions body of a stored request (online calls and batch lines alike)."""
+    body: dict[str, Any] = {"model": request.model, "messages": openai_messages(request), **request.params}
+    if request.response_format is not None:
+        body["response_format"] = request.response_format
+    return body
 
 
 class OpenAIAdapter:
@@ -50,15 +62,15 @@ class OpenAIAdapter:
         # against the SDK's TypedDicts first, a third of the client's CPU per call (issue 9),
         # and its answer is read raw anyway. Auth, headers, timeouts and the SDK's error
         # classes are the same on both paths.
-        body: dict[str, Any] = {"model": request.model, "messages": openai_messages(request), **request.params}
-        if request.response_format is not None:
-            body["response_format"] = request.response_format
+        if request.api == RESPONSES_API:
+            path, body, read = "/responses", responses_body(request), responses_result
+        else:
+            path, body, read = "/chat/completions", chat_body(request), completion_result
         with sdk_errors(openai, message=_short):
-            response = await self._client.post(
-                "/chat/completions", cast_to=httpx2.Response, body=body, options={"timeout": timeout}
-            )
-        result = parse_chat_completion(response.text, response.status_code)
-        return with_rate_limits(result, response.headers, body.get("max_completion_tokens") or body.get("max_tokens"))
+            response = await self._client.post(path, cast_to=httpx2.Response, body=body, options={"timeout": timeout})
+        result = read(json_body(response.text, response.status_code), response.status_code)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+        return with_rate_limits(result, response.headers, max_tokens)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -69,17 +81,80 @@ def parse_chat_completion(text: str, status_code: int = 200) -> CallResult:
     return completion_result(json_body(text, status_code), status_code)
 
 
+# Chat completions' `finish_reason`, in the ledger's words (`function_call`: the legacy form).
+_FINISH = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "content_filter": "content_filter",
+}
+
+
 def completion_result(data: Any, status_code: int = 200) -> CallResult:
-    """A parsed chat completion body as a result (online answers and batch output lines alike)."""
+    """A parsed chat completion body as a result (online answers and batch output lines alike):
+    its text, tool calls, refusal, the `reasoning_content` some OpenAI-compatible servers send,
+    and the usage in full; the body itself kept as received."""
     raise_error_in_body(data, status_code)
     try:
-        text_out = data["choices"][0]["message"]["content"] or ""
+        choice = data["choices"][0]
+        message = choice["message"]
     except (KeyError, IndexError, TypeError):
-        raise malformed("response has no choices[0].message.content", status_code) from None
+        raise malformed("response has no choices[0].message", status_code) from None
+    if not isinstance(message, dict) or not isinstance(choice, dict):
+        raise malformed("response has no choices[0].message", status_code)
+    calls = _tool_calls(message)
+    refusal = message.get("refusal") if isinstance(message.get("refusal"), str) else None
+    if "content" not in message and not calls and refusal is None:
+        raise malformed("response has no choices[0].message.content", status_code)
+    content = message.get("content")
+    text = content if isinstance(content, str) else content_parts_text(content)
+    thinking = message.get("reasoning_content") or message.get("reasoning")
+    said = choice.get("finish_reason")
+    finish = finish_reason(said, _FINISH)
+    if refusal and finish in ("stop", None):
+        finish = "refusal"
     usage = data.get("usage") or {}
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
     return CallResult(
-        text_out, token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens")), status_code
+        text,
+        token_count(usage.get("prompt_tokens")),
+        token_count(usage.get("completion_tokens")),
+        status_code,
+        finish_reason=finish,
+        provider_finish_reason=said if isinstance(said, str) else None,
+        tool_calls=calls,
+        refusal=refusal or None,
+        thinking=thinking if isinstance(thinking, str) and thinking else None,
+        cached_input_tokens=token_count(prompt_details.get("cached_tokens")),
+        reasoning_tokens=token_count(completion_details.get("reasoning_tokens")),
+        response=data,
     )
+
+
+def content_parts_text(content: Any) -> str:
+    """The text of a content given as a list of parts (some compatible servers answer so)."""
+    if not isinstance(content, list):
+        return ""
+    return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+
+def _tool_calls(message: dict[str, Any]) -> tuple[ToolCall, ...]:
+    calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    found = [
+        ToolCall(
+            str(c.get("id") or ""),
+            str(fn.get("name") or ""),
+            arguments_text(fn.get("arguments", fn.get("input")) or ""),
+        )
+        for c in calls
+        if isinstance(fn := c.get("function") or c.get("custom"), dict)
+    ]
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict):
+        found.append(ToolCall("", str(legacy.get("name") or ""), arguments_text(legacy.get("arguments") or "")))
+    return tuple(found)
 
 
 def _short(exc: openai.APIStatusError) -> str:

@@ -26,7 +26,9 @@ from adapters.base import (
     nonblank_lines,
     sdk_errors,
 )
-from adapters.openai import completion_result, openai_messages
+from adapters.openai import chat_body, completion_result
+from adapters.openai_responses import ENDPOINT as RESPONSES_ENDPOINT
+from adapters.openai_responses import RESPONSES_API, responses_body, responses_result
 
 ENDPOINT: Final = "/v1/chat/completions"
 # The provider's own limits per batch (https://platform.openai.com/docs/guides/batch).
@@ -48,10 +50,11 @@ class OpenAIBatches:
         self._client = openai.AsyncOpenAI(api_key=api_key or "not-needed", base_url=base_url, max_retries=0)
 
     def encode(self, custom_id: str, request: CallRequest) -> bytes:
-        body: dict[str, Any] = {"model": request.model, "messages": openai_messages(request), **request.params}
-        if request.response_format is not None:
-            body["response_format"] = request.response_format
-        return compact_json({"custom_id": custom_id, "method": "POST", "url": ENDPOINT, "body": body})
+        if request.api == RESPONSES_API:
+            url, body = RESPONSES_ENDPOINT, responses_body(request)
+        else:
+            url, body = ENDPOINT, chat_body(request)
+        return compact_json({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
 
     async def upload(self, path: Path) -> str | None:
         # The SDK hands the open file to the HTTP client, which streams it.
@@ -65,7 +68,7 @@ class OpenAIBatches:
         with sdk_errors(openai):
             created = await self._client.batches.create(
                 input_file_id=input_file_id,
-                endpoint=ENDPOINT,
+                endpoint=endpoint_of(path),
                 completion_window="24h",
                 metadata={"ledger_batch_id": str(tag.ledger_batch_id), "ledger_submit_key": tag.submit_key},
             )
@@ -105,6 +108,15 @@ class OpenAIBatches:
         await self._client.close()
 
 
+def endpoint_of(path: Path) -> Any:
+    """The endpoint of a batch's input: its first line's `url` (a batch holds requests of one API
+    only, as the ledger groups them by it), chat completions for an empty file."""
+    with path.open("rb") as stream:
+        first = stream.readline()
+    url = json.loads(first).get("url") if first.strip() else None
+    return RESPONSES_ENDPOINT if url == RESPONSES_ENDPOINT else ENDPOINT
+
+
 def result_line(line: str | bytes) -> BatchLine:
     """One line of an output or error file."""
     obj = json.loads(line)
@@ -113,8 +125,10 @@ def result_line(line: str | bytes) -> BatchLine:
     error = obj.get("error") or {}
     status = response.get("status_code")
     if status == 200:
+        body = response.get("body")
+        read = responses_result if isinstance(body, dict) and body.get("object") == "response" else completion_result
         try:
-            result = completion_result(response.get("body"), 200)
+            result = read(body, 200)
         except ProviderError as exc:
             return BatchLine(
                 custom_id,
@@ -124,7 +138,7 @@ def result_line(line: str | bytes) -> BatchLine:
                 message=exc.message,
                 retryable=exc.retryable,
             )
-        return BatchLine(custom_id, "succeeded", result.text, result.input_tokens, result.output_tokens, 200)
+        return BatchLine(custom_id, "succeeded", result, 200)
     code = str(error.get("code") or "")
     if code in _NOT_REACHED:
         return BatchLine(custom_id, _NOT_REACHED[code], error_code=code, message=error.get("message"))

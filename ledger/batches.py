@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -421,6 +422,7 @@ class BatchWorker:
         t0 = time.monotonic()
         key = str(row["submit_key"])
         request, price = request_of(lease.id, key), self.prices.price(row["provider"], row["model"])
+        keep = self.settings.keeps_response
         total = Mapped()
         foreign = 0
         parsed = Handoff[LineOutcome](MAP_CHUNK)
@@ -434,7 +436,7 @@ class BatchWorker:
                 tg.start_soon(write_all)
                 try:
                     async for line in adapter.results(batch):
-                        outcome = _outcome(line, request(line.custom_id), price)
+                        outcome = _outcome(line, request(line.custom_id), price, keep)
                         if outcome is None:
                             foreign += 1
                         else:
@@ -494,20 +496,21 @@ class BatchWorker:
         )
 
 
-def _outcome(line: BatchLine, request_id: int | None, price: Price | None) -> LineOutcome | None:
+def _outcome(line: BatchLine, request_id: int | None, price: Price | None, keep_response: bool) -> LineOutcome | None:
     """A result line ready to write, or None when it is not a line of this ledger batch (an
     adopted batch is checked line by line)."""
     if request_id is None:
         return None
-    cost = None
-    if line.kind == "succeeded" and price is not None:
-        cost = price.usage_cost(line.input_tokens, line.output_tokens, batch=True)
+    answer, cost = line.answer, None
+    if answer is not None:
+        if price is not None:
+            cost = price.answer_cost(answer, batch=True)
+        if not keep_response:
+            answer = replace(answer, response=None)
     return LineOutcome(
         request_id,
         line.kind,
-        line.text,
-        line.input_tokens,
-        line.output_tokens,
+        answer,
         cost,
         line.status_code,
         line.error_code,
@@ -521,7 +524,8 @@ def _encode_all(adapter: BatchAdapter, batch_id: int, key: str, rows: Sequence[A
         (
             row.id,
             adapter.encode(
-                custom_id(batch_id, key, row.id), stored_call(row.model, row.input, row.params, row.response_format)
+                custom_id(batch_id, key, row.id),
+                stored_call(row.model, row.input, row.params, row.response_format, row.api),
             ),
         )
         for row in rows

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from adapters.openai_responses import RESPONSES_API, chat_response_format
 from adapters.registry import PROVIDER_NAMES
 from ledger.fingerprint import body_hash, canonical, json_texts
 from ledger.params import params_problem
@@ -40,6 +41,8 @@ from ledger.statuses import Delivery
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Body keys that are not sampling parameters.
 _NOT_PARAMS = {"model", "messages", "system", "response_format", "metadata", "stream", "stream_options"}
+# The same for a Responses API body (`stream` and `background` stay: a true one is refused).
+_NOT_RESPONSES_PARAMS = {"model", "input", "instructions", "metadata"}
 # Column lengths (ledger/models.py): PostgreSQL refuses a longer value half-way through an insert.
 KEY_MAX_CHARS = 200
 _INT32 = 2**31 - 1
@@ -74,6 +77,10 @@ class RequestSpec(BaseModel):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=KEY_MAX_CHARS)
     endpoint: str | None = Field(default=None, max_length=300)
     trace: dict[str, Any] | None = None
+    # Which API answers it: chat, responses (OpenAI's Responses API) or messages (Anthropic's).
+    # None: the provider's own (messages for anthropic, chat for the others); chat and messages
+    # are the same request in two wire formats, so a file made for one provider replays on another.
+    api: str | None = None
 
     def __init__(self, /, **fields: Any) -> None:  # positional-only: a field named "self" is a field
         try:
@@ -100,11 +107,13 @@ class RequestSpec(BaseModel):
         for i, message in enumerate(value):
             if not isinstance(message, dict):
                 raise ValueError(f"messages[{i}] is not an object")
+            if _typed_item(message):  # a Responses API input item (a function call's output, ...)
+                continue
             if message.get("role") not in _ROLES:
                 raise ValueError(f"messages[{i}].role {message.get('role')!r} is not one of {sorted(_ROLES)}")
             if not isinstance(message.get("content"), str | list):
                 raise ValueError(f"messages[{i}].content must be a string or a list of content parts")
-        if all(message["role"] in ("system", "developer") for message in value):
+        if all(message.get("role") in ("system", "developer") for message in value):
             raise ValueError("messages: needs at least one user message besides the system prompt")
         return value
 
@@ -115,6 +124,33 @@ class RequestSpec(BaseModel):
         if problem is not None:
             raise ValueError(f"params.{problem[0]}: {problem[1]}")
         return value
+
+    @field_validator("api")
+    @classmethod
+    def _known_api(cls, value: str | None) -> str | None:
+        if value is not None and value not in APIS:
+            raise ValueError(f"unknown api {value!r} (known: {', '.join(APIS)})")
+        return value
+
+    @model_validator(mode="after")
+    def _api_fits(self) -> RequestSpec:
+        api = api_for(self.provider, self.api)
+        if api == RESPONSES_API:
+            if self.provider not in RESPONSES_PROVIDERS:
+                raise ValueError(
+                    f"api: provider {self.provider!r} has no Responses API "
+                    f"(it has: {', '.join(sorted(RESPONSES_PROVIDERS))})"
+                )
+            for name in ("stream", "background"):
+                if self.params.get(name):
+                    raise ValueError(
+                        f"params.{name}: true is not supported (the ledger makes one call and waits for its answer)"
+                    )
+        else:
+            typed = next((i for i, m in enumerate(self.messages) if _typed_item(m)), None)
+            if typed is not None:
+                raise ValueError(f"messages[{typed}].role is missing (typed input items need api 'responses')")
+        return self
 
     @field_validator("endpoint")
     @classmethod
@@ -131,6 +167,24 @@ class Defaults:
     delivery: Delivery | None = None
     job_id: str | None = None
     priority: int | None = None
+
+
+APIS = ("chat", RESPONSES_API, "messages")
+# Providers whose servers answer OpenAI's Responses API (vLLM and others serve `/v1/responses`).
+RESPONSES_PROVIDERS = frozenset({"openai", "openai-compatible", "mock"})
+
+
+def api_for(provider: str, api: str | None) -> str:
+    """The API a request is called with: the Responses API when asked for, else the provider's
+    own wire format (a chat request replayed on Anthropic is a Messages request, and back)."""
+    if api == RESPONSES_API:
+        return api
+    return "messages" if provider == "anthropic" else "chat"
+
+
+def _typed_item(message: Any) -> bool:
+    """A Responses API input item that is not a message: `{"type": "function_call_output", ...}`."""
+    return isinstance(message, dict) and "role" not in message and message.get("type") not in (None, "message")
 
 
 def _text_of(content: Any) -> str:
@@ -164,11 +218,15 @@ def checked_row(
     """
     system_parts = [spec.system] if spec.system else []
     messages: list[dict[str, Any]] = []
-    for message in spec.messages:
-        if message["role"] in ("system", "developer"):
-            system_parts.append(_text_of(message["content"]))
-        else:
-            messages.append({"role": message["role"], "content": message["content"]})
+    api = api_for(spec.provider, spec.api)
+    if api == RESPONSES_API:  # input items as given (typed items too); `instructions` is the system
+        messages = list(spec.messages)
+    else:
+        for message in spec.messages:
+            if message["role"] in ("system", "developer"):
+                system_parts.append(_text_of(message["content"]))
+            else:
+                messages.append({"role": message["role"], "content": message["content"]})
     input_ = {"system": "\n\n".join(system_parts) or None, "messages": messages}
     endpoint = spec.endpoint or endpoint_for(spec.provider, spec.model, compatible_base_url)
     row: dict[str, Any] = {
@@ -183,6 +241,7 @@ def checked_row(
         "delivery": spec.delivery.value,
         "priority": spec.priority,
         "trace": spec.trace,
+        "api": api,
     }
     try:
         texts = json_texts(row)
@@ -231,8 +290,12 @@ def _unstorable(row: dict[str, Any]) -> str:
 
 
 def batch_key(row: dict[str, Any]) -> str:
-    """Requests sharing params and response format may share a provider batch (seed 003)."""
-    return _digest({"params": row["params"], "response_format": row["response_format"]})[:16]
+    """Requests sharing params and response format may share a provider batch (seed 003); a
+    batch goes to one endpoint, so requests of different APIs never share one."""
+    keyed = {"params": row["params"], "response_format": row["response_format"]}
+    if row.get("api") == RESPONSES_API:
+        keyed["api"] = RESPONSES_API
+    return _digest(keyed)[:16]
 
 
 def content_key(row: dict[str, Any]) -> str:
@@ -240,6 +303,8 @@ def content_key(row: dict[str, Any]) -> str:
     keyed = {
         k: row[k] for k in ("job_id", "purpose", "provider", "model", "input", "params", "response_format", "trace")
     }
+    if row.get("api") == RESPONSES_API:  # only then: a chat request's key stays what it always was
+        keyed["api"] = RESPONSES_API
     return "sha256:" + _digest(keyed)[:40]
 
 
@@ -256,20 +321,28 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
         raise EnqueueError(f"custom_id must be a string, got {type(custom_id).__name__}")
     if custom_id is not None and not 1 <= len(str(custom_id)) <= KEY_MAX_CHARS:
         raise EnqueueError(f"custom_id must be 1 to {KEY_MAX_CHARS} characters, got {len(str(custom_id))}")
-    provider = None
+    provider = api = None
     if "body" in obj:  # OpenAI Batch input line
         body = obj["body"]
-        url = str(obj.get("url", "/v1/chat/completions"))
-        if url.rstrip("/").endswith("/messages"):
+        url = str(obj.get("url", "/v1/chat/completions")).rstrip("/")
+        if url.endswith("/messages"):
             provider = "anthropic"
-        elif not url.rstrip("/").endswith("/chat/completions"):
-            raise EnqueueError(f"url {url!r} is not a chat endpoint (/v1/chat/completions or /v1/messages)")
+        elif url.endswith("/responses"):
+            api = RESPONSES_API
+        elif not url.endswith("/chat/completions"):
+            raise EnqueueError(
+                f"url {url!r} is not a model endpoint (/v1/chat/completions, /v1/responses or /v1/messages)"
+            )
     elif "params" in obj and custom_id is not None:  # Anthropic Message Batches line
         body, provider = obj["params"], "anthropic"
-    else:  # bare chat request body
+    else:  # a bare request body: chat's (`messages`) or the Responses API's (`input`)
         body = obj
+        if isinstance(body, dict) and "input" in body and "messages" not in body:
+            api = RESPONSES_API
     if not isinstance(body, dict):
         raise EnqueueError("request body is not a JSON object")
+    if api == RESPONSES_API:
+        return _responses_spec(body, custom_id, defaults)
     if "messages" not in body:
         raise EnqueueError("missing 'messages'")
     system = body.get("system")
@@ -283,6 +356,53 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
         "idempotency_key": str(custom_id) if custom_id is not None else None,
         "trace": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
         "job_id": defaults.job_id,
+    }
+    if defaults.delivery is not None:
+        fields["delivery"] = defaults.delivery
+    if defaults.priority is not None:
+        fields["priority"] = defaults.priority
+    if not fields["model"]:
+        raise EnqueueError("missing 'model' (give it in the line or with --model)")
+    return build_spec(**fields)
+
+
+def _responses_spec(body: dict[str, Any], custom_id: Any, defaults: Defaults) -> RequestSpec:
+    """A Responses API body (`input`, `instructions`, `text.format`, ...) as a spec: a string
+    input is one user message; a JSON schema in `text.format` is the response format."""
+    if "input" not in body:
+        raise EnqueueError("missing 'input'")
+    given = body["input"]
+    if isinstance(given, str):
+        messages: Any = [{"role": "user", "content": given}]
+    elif isinstance(given, list):
+        messages = given
+    else:
+        raise EnqueueError("input must be a string or a list of input items")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise EnqueueError("instructions must be a string")
+    params = {k: v for k, v in body.items() if k not in _NOT_RESPONSES_PARAMS}
+    response_format = None
+    text = params.get("text")
+    if isinstance(text, dict):
+        response_format = chat_response_format(text.get("format"))
+        if response_format is not None:
+            rest = {k: v for k, v in text.items() if k != "format"}
+            if rest:
+                params["text"] = rest
+            else:
+                del params["text"]
+    fields: dict[str, Any] = {
+        "model": defaults.model or body.get("model") or "",
+        "messages": messages,
+        "system": instructions or None,
+        "provider": defaults.provider or "openai",
+        "params": params,
+        "response_format": response_format,
+        "idempotency_key": str(custom_id) if custom_id is not None else None,
+        "trace": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
+        "job_id": defaults.job_id,
+        "api": RESPONSES_API,
     }
     if defaults.delivery is not None:
         fields["delivery"] = defaults.delivery

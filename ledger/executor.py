@@ -109,6 +109,7 @@ class CallContext:
     policy: RetryPolicy
     timeout_s: float
     prices: PriceTable
+    keep_response: bool = True  # LEDGER_KEEP_RESPONSE=full: the provider's body is kept whole
 
     @cached_property
     def deadlines(self) -> CallDeadlines:
@@ -116,7 +117,11 @@ class CallContext:
 
 
 def stored_call(
-    model: str, input_: dict[str, Any], params: dict[str, Any] | None, response_format: dict[str, Any] | None
+    model: str,
+    input_: dict[str, Any],
+    params: dict[str, Any] | None,
+    response_format: dict[str, Any] | None,
+    api: str | None = None,
 ) -> CallRequest:
     """A request as the ledger stores it (`input` = system + messages), as an adapter takes it."""
     return CallRequest(
@@ -125,6 +130,7 @@ def stored_call(
         system=input_.get("system"),
         params=params or {},
         response_format=response_format,
+        api=api,
     )
 
 
@@ -143,7 +149,7 @@ async def execute(
     """
     attempt, key = request.attempt, (request.id, request.token)
     started = time.monotonic()
-    call = stored_call(request.model, request.input, request.params, request.response_format)
+    call = stored_call(request.model, request.input, request.params, request.response_format, request.api)
     while True:
         if not may_call():
             return
@@ -159,7 +165,7 @@ async def execute(
         except Exception as exc:  # an adapter bug must not take the daemon down
             error = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False, code="adapter_error")
         else:
-            cost = ctx.prices.cost(request.provider, request.model, result.input_tokens, result.output_tokens)
+            cost = ctx.prices.answer_cost(request.provider, request.model, result)
             await ctx.recorder.submit(
                 Completed(
                     request,
@@ -171,6 +177,7 @@ async def execute(
                     result.status_code,
                     cost,
                     _window(result.limits, ctx.policy.max_delay),
+                    result if ctx.keep_response else replace(result, response=None),
                 )
             )
             return

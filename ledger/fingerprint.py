@@ -32,6 +32,8 @@ BODY_FIELDS = (
     "delivery",
     "trace",
 )
+# A request for OpenAI's Responses API asks something else than the same input as chat.
+RESPONSES = "responses"
 # The columns stored as JSON: an enqueue sends them as this text (`canonical`).
 JSON_FIELDS = ("input", "params", "response_format", "trace")
 
@@ -62,9 +64,14 @@ def body_hash(row: Mapping[str, Any], texts: Mapping[str, str] | None = None) ->
     its `json_texts`, when already made. Canonical JSON holds no raw newline: one per field."""
     given = texts or {}
     parts = [given[f] if f in given else canonical(row.get(f)) for f in BODY_FIELDS]
+    if row.get("api") == RESPONSES:  # only then: every other row's hash stays what it was before `api`
+        parts.append(RESPONSES)
     return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def differing_fields(ours: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
     """The body fields whose values differ, for a conflict's message."""
-    return [f for f in BODY_FIELDS if canonical(ours.get(f)) != canonical(stored.get(f))]
+    found = [f for f in BODY_FIELDS if canonical(ours.get(f)) != canonical(stored.get(f))]
+    if (ours.get("api") == RESPONSES) != (stored.get("api") == RESPONSES):
+        found.append("api")
+    return found

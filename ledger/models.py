@@ -215,6 +215,19 @@ class LlmRequest(SQLModel, table=True):
     cost_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
     latency_ms: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     trace: dict[str, Any] | None = _json()
+    # The whole answer (migration 0008): which API was called (chat | responses | messages), the
+    # provider's body as received (plain JSON on PostgreSQL too: its text is kept as it came, not
+    # re-encoded), and the fields derived from it, beside raw_output (the answer's text).
+    api: str | None = Field(default=None, sa_column=Column(String(20), nullable=True))
+    response: Any | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    finish_reason: str | None = Field(default=None, sa_column=Column(String(20), nullable=True))
+    provider_finish_reason: str | None = Field(default=None, sa_column=Column(String(100), nullable=True))
+    tool_calls: list[dict[str, Any]] | None = _json()
+    refusal: str | None = _text()
+    thinking: str | None = _text()
+    cached_input_tokens: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    cache_write_tokens: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    reasoning_tokens: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     # Budget: the worst-case cost (price x (input estimate + max_tokens)), fixed at enqueue;
     # reserved while a call may be spending it (set by the claim, cleared by the outcome).
     estimate_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))

@@ -33,21 +33,76 @@ class PriceTableError(ValueError):
 
 @dataclass(frozen=True)
 class Price:
-    """USD per million tokens; `batch_discount` the share a provider batch job saves."""
+    """USD per million tokens; `batch_discount` the share a provider batch job saves.
+
+    `cached_input`: cached prompt tokens (OpenAI's discounted `cached_tokens`, Anthropic's cache
+    reads); `cache_write`: tokens written to a prompt cache (Anthropic's cache creation, dearer
+    than input). Either, when not given, is priced at `input`."""
 
     input: float
     output: float
     batch_discount: float = 0.0
+    cached_input: float | None = None
+    cache_write: float | None = None
 
-    def cost(self, input_tokens: int | None, output_tokens: int | None, *, batch: bool = False) -> float:
-        usd = ((input_tokens or 0) * self.input + (output_tokens or 0) * self.output) * _PER_TOKEN
+    def cost(
+        self,
+        input_tokens: int | None,
+        output_tokens: int | None,
+        *,
+        batch: bool = False,
+        cached_input_tokens: int | None = None,
+        cache_write_tokens: int | None = None,
+    ) -> float:
+        """uncached input x `input` + cached x `cached_input` + cache writes x `cache_write` +
+        output x `output`, the batch discount applied to the whole. `input_tokens` counts every
+        input token, the cached ones and the cache writes among them."""
+        cached, written = cached_input_tokens or 0, cache_write_tokens or 0
+        uncached = max((input_tokens or 0) - cached - written, 0)
+        usd = (
+            uncached * self.input
+            + cached * (self.input if self.cached_input is None else self.cached_input)
+            + written * (self.input if self.cache_write is None else self.cache_write)
+            + (output_tokens or 0) * self.output
+        ) * _PER_TOKEN
         return round(usd * (1.0 - self.batch_discount) if batch else usd, 10)
 
-    def usage_cost(self, input_tokens: int | None, output_tokens: int | None, *, batch: bool = False) -> float | None:
+    def usage_cost(
+        self,
+        input_tokens: int | None,
+        output_tokens: int | None,
+        *,
+        batch: bool = False,
+        cached_input_tokens: int | None = None,
+        cache_write_tokens: int | None = None,
+    ) -> float | None:
         """`cost` of what a provider reported; None when it reported no usage at all."""
         if input_tokens is None and output_tokens is None:
             return None
-        return self.cost(input_tokens, output_tokens, batch=batch)
+        return self.cost(
+            input_tokens,
+            output_tokens,
+            batch=batch,
+            cached_input_tokens=cached_input_tokens,
+            cache_write_tokens=cache_write_tokens,
+        )
+
+    def answer_cost(self, answer: Any, *, batch: bool = False) -> float | None:
+        """`usage_cost` of an answer (`adapters.base.CallResult`: its usage in full)."""
+        return self.usage_cost(
+            answer.input_tokens,
+            answer.output_tokens,
+            batch=batch,
+            cached_input_tokens=answer.cached_input_tokens,
+            cache_write_tokens=answer.cache_write_tokens,
+        )
+
+    def most(self, input_tokens: int, output_tokens: int, *, batch: bool = False) -> float:
+        """The cost at most of this many tokens: input at the dearest input rate (a prompt may be
+        written to a cache, which costs more than reading it plain)."""
+        dearest = max(self.input, self.cache_write or 0.0)
+        usd = (input_tokens * dearest + output_tokens * self.output) * _PER_TOKEN
+        return round(usd * (1.0 - self.batch_discount) if batch else usd, 10)
 
 
 class PriceTable:
@@ -69,6 +124,12 @@ class PriceTable:
         price = self.price(provider, model)
         return None if price is None else price.usage_cost(input_tokens, output_tokens, batch=batch)
 
+    def answer_cost(self, provider: str, model: str, answer: Any, *, batch: bool = False) -> float | None:
+        """USD for an answer's usage in full (cached input and cache writes at their own rates),
+        or None for a model the table does not know (or an answer without usage)."""
+        price = self.price(provider, model)
+        return None if price is None else price.answer_cost(answer, batch=batch)
+
     def worst_case(
         self, provider: str, model: str, prompt_bytes: int, params: dict[str, Any] | None, *, batch: bool = False
     ) -> float | None:
@@ -77,7 +138,7 @@ class PriceTable:
         if price is None:
             return None
         input_tokens, max_out = most_tokens(prompt_bytes, params)
-        return price.cost(input_tokens, max_out, batch=batch)
+        return price.most(input_tokens, max_out, batch=batch)
 
 
 def input_bytes(input_: Any) -> int:
@@ -89,7 +150,12 @@ def most_tokens(prompt_bytes: int, params: dict[str, Any] | None) -> tuple[int, 
     """(input tokens at most, output tokens at most) of a request: what a TPM cap reserves for it,
     and what a provider's token window must still hold for it to be admitted."""
     params = params or {}
-    max_out = params.get("max_tokens") or params.get("max_completion_tokens") or DEFAULT_MAX_OUTPUT_TOKENS
+    max_out = (
+        params.get("max_tokens")
+        or params.get("max_completion_tokens")
+        or params.get("max_output_tokens")
+        or DEFAULT_MAX_OUTPUT_TOKENS
+    )
     return -(-prompt_bytes // _BYTES_PER_TOKEN_AT_LEAST), int(max_out)
 
 
@@ -123,7 +189,7 @@ def _read(text: str, where: str) -> dict[tuple[str, str], Price]:
 def _price(entry: Any, key: str, default_discount: float) -> Price:
     if not isinstance(entry, dict):
         raise PriceTableError(f"{key} must be a table like {{ input = 0.15, output = 0.60 }}")
-    unknown = set(entry) - {"input", "output", "batch_discount"}
+    unknown = set(entry) - {"input", "output", "batch_discount", "cached_input", "cache_write"}
     if unknown:
         raise PriceTableError(f"{key} has unknown key {sorted(unknown)[0]!r}")
     for needed in ("input", "output"):
@@ -133,6 +199,8 @@ def _price(entry: Any, key: str, default_discount: float) -> Price:
         _number(entry["input"], f"{key}.input"),
         _number(entry["output"], f"{key}.output"),
         _number(entry.get("batch_discount", default_discount), f"{key}.batch_discount", 1.0),
+        _number(entry["cached_input"], f"{key}.cached_input") if "cached_input" in entry else None,
+        _number(entry["cache_write"], f"{key}.cache_write") if "cache_write" in entry else None,
     )
 
 

@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     job_capacity: int = Field(default=4, alias="LEDGER_JOB_CAPACITY", ge=1)
     daily_budget_usd: float | None = Field(default=None, alias="LEDGER_DAILY_BUDGET_USD", ge=0)
     log_level: str = Field(default="INFO", alias="LEDGER_LOG_LEVEL")
+    # `full`: every answer's body is kept as received (`response`); `derived`: only the fields
+    # derived from it (text, finish reason, tool calls, refusal, thinking, usage), for very large runs.
+    keep_response: str = Field(default="full", alias="LEDGER_KEEP_RESPONSE")
     # Prometheus metrics of the daemon (`ledger daemon --metrics-port`): off unless a port is given;
     # 0 takes a free port, named in the `start` event.
     metrics_port: int | None = Field(default=None, alias="LEDGER_METRICS_PORT", ge=0, le=65535)
@@ -137,6 +140,18 @@ class Settings(BaseSettings):
 
         load_prices(value)  # a bad file stops start-up with one line naming the entry
         return value
+
+    @field_validator("keep_response")
+    @classmethod
+    def _check_keep_response(cls, value: str) -> str:
+        lower = value.strip().lower()
+        if lower not in {"full", "derived"}:
+            raise ValueError(f"LEDGER_KEEP_RESPONSE must be full or derived, got {value!r}")
+        return lower
+
+    @property
+    def keeps_response(self) -> bool:
+        return self.keep_response == "full"
 
     @field_validator("log_level")
     @classmethod

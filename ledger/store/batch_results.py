@@ -31,6 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.statuses import AttemptOutcome, RequestStatus
+from ledger.store.answers import answer_columns, answer_row, answer_values
 from ledger.store.batches import SUBMITTED, BatchLease, _fence, _in_batch, _status, batches
 from ledger.store.claim import QUEUED, attempts, requests
 from ledger.store.commit import transaction
@@ -47,9 +48,7 @@ class LineOutcome:
 
     request_id: int
     kind: str
-    text: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
+    answer: Any = None  # succeeded: the answer whole (`adapters.base.CallResult`)
     cost_usd: float | None = None
     status_code: int | None = None
     error_code: str | None = None
@@ -87,6 +86,7 @@ _SUCCEEDED = bound_rows(
     column("tin", Integer),
     column("tout", Integer),
     column("cost", Float),
+    *answer_columns(),
 )
 _FAILED = bound_rows(
     "v",
@@ -124,6 +124,7 @@ _MAP_SUCCEEDED = (
         input_tokens=_v_ok.tin,
         output_tokens=_v_ok.tout,
         cost_usd=_v_ok.cost,
+        **answer_values(_v_ok),
         reserved_usd=None,
         last_status_code=200,
         error_code=case((_r.status == SUBMITTED, None), else_=_r.error_code),
@@ -264,14 +265,16 @@ def _map_in(
     for x in lines:
         delay = None
         if x.kind == "succeeded":
+            answer = x.answer
             succeeded.append(
                 {
                     "id": x.request_id,
-                    "raw": storable(x.text),
-                    "tin": x.input_tokens,
-                    "tout": x.output_tokens,
+                    "raw": storable(answer.text),
+                    "tin": answer.input_tokens,
+                    "tout": answer.output_tokens,
                     "cost": x.cost_usd,
                 }
+                | answer_row(answer)
             )
         elif x.kind == "failed":
             number = failed_before.get(x.request_id, 0) + 1

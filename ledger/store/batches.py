@@ -199,7 +199,7 @@ class BatchQueries:
 
     def request_inputs(self, ids: Sequence[int]) -> list[Any]:
         """What a batch input line needs of each request, in the order of `ids`."""
-        query = select(_r.id, _r.model, _r.input, _r.params, _r.response_format).where(
+        query = select(_r.id, _r.model, _r.input, _r.params, _r.response_format, _r.api).where(
             _r.id.in_(bindparam("b_ids", expanding=True))
         )
         with reading(self.engine) as conn:

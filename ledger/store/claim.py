@@ -80,6 +80,7 @@ CLAIMED_COLUMNS = (
     _c.params,
     _c.response_format,
     _c.trace,
+    _c.api,
 )
 
 
@@ -97,6 +98,7 @@ def to_claimed(row: Any) -> ClaimedRequest:
         params=read_json_column(row.params) or {},
         response_format=read_json_column(row.response_format),
         stored_trace=row.trace,
+        api=row.api,
     )
 
 

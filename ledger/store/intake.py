@@ -41,11 +41,12 @@ ROW_COLUMNS = (
     "priority",
     "estimate_usd",
     "token_estimate",
+    "api",
 )
 _KNOWN = select(requests.c.id, requests.c.idempotency_key, requests.c.body_hash).where(
     requests.c.idempotency_key.in_(bindparam("b_keys", expanding=True))
 )
-_BODIES = select(requests.c.id, *[requests.c[f] for f in BODY_FIELDS]).where(
+_BODIES = select(requests.c.id, *[requests.c[f] for f in BODY_FIELDS], requests.c.api).where(
     requests.c.id.in_(bindparam("b_ids", expanding=True))
 )
 # Keys per lookup: far below both databases' limits on bound parameters.

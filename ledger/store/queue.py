@@ -36,6 +36,7 @@ from sqlalchemy.sql.expression import ColumnClause
 from ledger.models import Job
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pools as pool_state
+from ledger.store.answers import answer_columns, answer_row, answer_values
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import db_now, db_now_plus, storable, unindexed
@@ -117,6 +118,7 @@ def _outcome_columns() -> list[ColumnClause[Any]]:
         column("tout", Integer),
         column("cost", Float),
         column("why", Text),
+        *answer_columns(),
     ]
 
 
@@ -129,16 +131,20 @@ def _outcome_row(o: Outcome) -> dict[str, Any]:
     """One outcome as a row of `_V`: what its attempt row and its request row get."""
     row: dict[str, Any] = {"id": o.request.id, "token": o.request.token, "attempt": o.attempt}
     if isinstance(o, Completed):
-        return row | {
-            "outcome": AttemptOutcome.SUCCEEDED.value,
-            "status": o.status_code,
-            "latency": o.latency_ms,
-            "elapsed": o.latency_ms,
-            "raw": storable(o.raw_output),
-            "tin": o.input_tokens,
-            "tout": o.output_tokens,
-            "cost": o.cost_usd,
-        }
+        return (
+            row
+            | {
+                "outcome": AttemptOutcome.SUCCEEDED.value,
+                "status": o.status_code,
+                "latency": o.latency_ms,
+                "elapsed": o.latency_ms,
+                "raw": storable(o.raw_output),
+                "tin": o.input_tokens,
+                "tout": o.output_tokens,
+                "cost": o.cost_usd,
+            }
+            | answer_row(o.answer)
+        )
     f = o.failure
     timed_out = isinstance(o, RetryLater) and f.error_code == "timeout"
     row |= {
@@ -213,6 +219,7 @@ _OUTPUT: dict[str, Any] = {
     "cost_usd": _v.cost,
     "latency_ms": _v.latency,
     "last_status_code": _v.status,
+    **answer_values(_v),
 }
 _REQUEST_UPDATES = {
     "completed": _fenced_update().values(

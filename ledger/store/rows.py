@@ -30,6 +30,7 @@ class ClaimedRequest:
     # the `acquired` event of every request, on the event loop); a daemon logging at WARNING
     # never parses it. Parsed in the claim, it was a fifth of `to_claimed` (issue 9).
     stored_trace: dict[str, Any] | str | None
+    api: str | None = None  # chat | responses | messages (None: enqueued before migration 0008)
 
     @cached_property
     def trace(self) -> dict[str, Any]:
@@ -103,6 +104,9 @@ class Completed:
     status_code: int = 200
     cost_usd: float | None = None  # from the price table; None for a model it does not know
     window: PoolWindow | None = None  # the provider's rate-limit headers, when it sent any
+    # The answer whole (`adapters.base.CallResult`): finish reason, tool calls, refusal,
+    # thinking, usage breakdown and the body as received (`store/answers.py` writes them).
+    answer: Any = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import anyio
 import pytest
 
-from adapters.anthropic import message_parts
+from adapters.anthropic import message_result
 from adapters.base import nonblank_lines
 from adapters.openai import completion_result
 from ledger.batches import custom_id, request_of
@@ -101,5 +101,6 @@ def test_usage_counts_are_whole_numbers_whatever_the_server_sent(sent: object, k
         "content": [{"type": "text", "text": "x"}],
         "usage": {"input_tokens": sent, "output_tokens": sent},
     }
-    _, tokens_in, _ = message_parts(anthropic_body)
-    assert message_parts(anthropic_body) == ("x", kept, kept) and (kept is None or type(tokens_in) is int)
+    answer = message_result(anthropic_body)
+    assert (answer.text, answer.input_tokens, answer.output_tokens) == ("x", kept, kept)
+    assert kept is None or type(answer.input_tokens) is int

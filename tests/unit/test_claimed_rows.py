@@ -24,6 +24,7 @@ def row(**json_columns: Any) -> Any:
         provider="mock",
         model="m",
         endpoint="mock:m",
+        api="chat",
     )
     return Row(**base, **json_columns)
 

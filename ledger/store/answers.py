@@ -1,0 +1,71 @@
+"""The columns an answer fills, written alike by the online recorder (`queue.py`) and by provider
+batch mapping (`batch_results.py`).
+
+An answer (`adapters.base.CallResult`) reaches the store as the values of one row of a
+`bound_rows` set: `answer_row` makes them, `ANSWER_COLUMNS` declares them, and `answer_values`
+says which request column each one fills. The body goes as a nested JSON value, never as an
+escaped string inside the set's JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Integer, String, Text, column
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.expression import ColumnClause
+
+from ledger.store.dialect import storable
+
+
+def answer_columns() -> list[ColumnClause[Any]]:
+    """The answer's fields beside its text, usage and cost (which each set declares itself)."""
+    return [
+        column("tcached", Integer),
+        column("twrite", Integer),
+        column("treason", Integer),
+        column("finish", String),
+        column("pfinish", String),
+        column("tools", JSONB),  # the tool_calls column is JSONB on PostgreSQL (queried in audits)
+        column("refusal", Text),
+        column("thinking", Text),
+        column("resp", JSON),  # the response column is plain JSON: the body's text as it came
+    ]
+
+
+def answer_values(v: Any) -> dict[str, Any]:
+    """Request column -> the bound set's column (`v`: the set's `.c`) for an answer's fields."""
+    return {
+        "cached_input_tokens": v.tcached,
+        "cache_write_tokens": v.twrite,
+        "reasoning_tokens": v.treason,
+        "finish_reason": v.finish,
+        "provider_finish_reason": v.pfinish,
+        "tool_calls": v.tools,
+        "refusal": v.refusal,
+        "thinking": v.thinking,
+        "response": v.resp,
+    }
+
+
+def answer_row(answer: Any) -> dict[str, Any]:
+    """An answer's fields as one row's values (None: an answer known only by its text and usage).
+
+    Every text goes through `storable` (a NUL or an unpaired surrogate would make PostgreSQL
+    refuse the whole group commit); the body is JSON, which keeps such characters escaped."""
+    if answer is None:
+        return {}
+    calls = answer.tool_calls
+    return {
+        "tcached": answer.cached_input_tokens,
+        "twrite": answer.cache_write_tokens,
+        "treason": answer.reasoning_tokens,
+        "finish": answer.finish_reason,
+        "pfinish": storable(answer.provider_finish_reason[:100]) if answer.provider_finish_reason else None,
+        "tools": [{"id": storable(c.id), "name": storable(c.name), "arguments": storable(c.arguments)} for c in calls]
+        if calls
+        else None,
+        "refusal": storable(answer.refusal),
+        "thinking": storable(answer.thinking),
+        "resp": answer.response,
+    }
