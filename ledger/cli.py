@@ -139,8 +139,9 @@ def show(
                 highlight=False,
             )
     for key, value in found.items():
-        if value is not None:
+        if value is not None and key not in _SHOWN_APART:
             out.print(f"[bold]{key}[/]: {text_of(value)}", highlight=False)
+    _print_answer(found)
     table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in s", "started", "worker", "batch")
     for a in attempts:
         table.add_row(
@@ -157,18 +158,76 @@ def show(
     out.print(table)
 
 
+# What `show` prints in its own lines, after the columns: the answer and its usage.
+_SHOWN_APART = frozenset(
+    {
+        "input_tokens",
+        "output_tokens",
+        "cached_input_tokens",
+        "cache_write_tokens",
+        "reasoning_tokens",
+        "finish_reason",
+        "provider_finish_reason",
+        "tool_calls",
+        "refusal",
+        "thinking",
+        "response",
+    }
+)
+
+
+def _print_answer(found: dict[str, Any]) -> None:
+    """The answer's fields beside its text: why it ended, tool calls, refusal, thinking, usage.
+    What a model wrote is printed as it is (`markup=False`): brackets in it are not styling."""
+    if found.get("finish_reason") is not None:
+        said = text_of(found.get("provider_finish_reason"))
+        out.print(f"finish_reason: {found['finish_reason']} (provider: {said})", highlight=False, markup=False)
+    for call in found.get("tool_calls") or []:
+        line = f"tool call: {call.get('name')}({call.get('arguments')}) id {call.get('id')}"
+        out.print(line, highlight=False, markup=False)
+    for key in ("refusal", "thinking"):
+        if found.get(key) is not None:
+            out.print(f"{key}: {text_of(found[key])}", highlight=False, markup=False)
+    if found.get("input_tokens") is not None or found.get("output_tokens") is not None:
+        out.print(f"usage: {usage_line(found)}", highlight=False)
+    if found.get("response") is not None:
+        size = len(json.dumps(found["response"]))
+        out.print(
+            f"response: the provider's body, {size} bytes as JSON (ledger show --json, ledger export --full)",
+            highlight=False,
+        )
+
+
+def usage_line(row: dict[str, Any]) -> str:
+    """`input 1200 (cached 1024, cache writes 0), output 300 (reasoning 64)`, with what is known."""
+    inside = [
+        f"{label} {row[key]}"
+        for key, label in (("cached_input_tokens", "cached"), ("cache_write_tokens", "cache writes"))
+        if row.get(key) is not None
+    ]
+    line = f"input {text_of(row.get('input_tokens'))}" + (f" ({', '.join(inside)})" if inside else "")
+    line += f", output {text_of(row.get('output_tokens'))}"
+    if row.get("reasoning_tokens") is not None:
+        line += f" (reasoning {row['reasoning_tokens']})"
+    return line
+
+
 @app.command()
 def export(
     job: Annotated[str | None, typer.Option(help="Only requests of this job.")] = None,
     out_file: Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")] = None,
+    full: Annotated[bool, typer.Option("--full", help="Add `response`: the provider's body as received.")] = False,
 ) -> None:
-    """Export results as JSONL: custom_id, status, output, parsed fields, usage, cost, error."""
+    """Export results as JSONL: custom_id, status, output, tool calls, finish reason, parsed fields, usage, cost."""
     store = open_store(settings_or_exit())
     target = out_file.open("w", encoding="utf-8") if out_file else sys.stdout
     count = 0
     try:
-        for row in store.export_rows(job_id=job):
-            target.write(json.dumps(export_line(row), default=json_default) + "\n")
+        for row in store.export_rows(job_id=job, with_response=full):
+            line = export_line(row)
+            if full:
+                line["response"] = row["response"]
+            target.write(json.dumps(line, default=json_default) + "\n")
             count += 1
     finally:
         if out_file:
@@ -191,12 +250,24 @@ def export_line(row: dict[str, Any]) -> dict[str, Any]:
         "job_id": row["job_id"],
         "status": row["status"],
         "model": row["model"],
+        "api": row["api"],
         "output": row["raw_output"],
+        "finish_reason": row["finish_reason"],
+        "provider_finish_reason": row["provider_finish_reason"],
+        "tool_calls": row["tool_calls"],
+        "refusal": row["refusal"],
+        "thinking": row["thinking"],
         "reasoning": row["reasoning"],
         "verdict_text": row["verdict_text"],
         "parsed_verdict": row["parsed_verdict"],
         "parse_error": row["parse_error"],
-        "usage": {"input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"]},
+        "usage": {
+            "input_tokens": row["input_tokens"],
+            "output_tokens": row["output_tokens"],
+            "cached_input_tokens": row["cached_input_tokens"],
+            "cache_write_tokens": row["cache_write_tokens"],
+            "reasoning_tokens": row["reasoning_tokens"],
+        },
         "cost_usd": row["cost_usd"],
         "attempts": row["attempts"],
         "latency_ms": row["latency_ms"],

@@ -160,6 +160,10 @@ def print_scores(store: Any, job_id: str) -> None:
                 cells.append("[red]unparsed[/]" if opinion["parse_error"] else "[red]failed[/]")
         table.add_row(dimension.id, *cells)
     out.print(table)
+    truncated = store.job_progress(job_id)["truncated"]
+    if truncated:
+        out.print(f"{truncated} answers cut off at max_tokens", highlight=False)
+        out.print("  (their judges ran out of tokens: raise the agents' max_tokens)", highlight=False)
     errors = job.get("errors") or []
     if errors:
         out.print(f"{len(errors)} error(s):", highlight=False)
@@ -197,6 +201,7 @@ def job_status(store: Any, settings: Settings) -> dict[str, Any]:
                 "total": progress["total"],
                 "duration_s": round(now - _utc(started).timestamp(), 1) if started else None,
                 "spent_usd": round(progress["spent_usd"], 6),
+                "truncated": progress["truncated"],
             }
         )
     spent = store.spend_today()
@@ -225,7 +230,8 @@ def print_job_status(status: dict[str, Any]) -> None:
         minutes, seconds = divmod(int(duration), 60)
         out.print(
             f"  {job['job_id']}  {job['phase']:<12} {job['done']}/{job['total']} requests  "
-            f"({minutes}m {seconds:02d}s)  ${job['spent_usd']:.4f}",
+            f"({minutes}m {seconds:02d}s)  ${job['spent_usd']:.4f}"
+            + (f"  {job['truncated']} cut off at max_tokens" if job["truncated"] else ""),
             highlight=False,
         )
     budget = status["budget"]

@@ -160,6 +160,9 @@ def _structured_entries(row: dict[str, Any], ids: list[str], out: Plan) -> dict[
     if row["status"] != RequestStatus.COMPLETED.value:
         return None
     parsed = parse_structured(row.get("raw_output"), ids)
+    error = parsed.error or (
+        f"{len(parsed.missing)} of {len(ids)} dimensions missing or rejected" if parsed.missing else None
+    )
     out.derived[row["id"]] = {
         "reasoning": None,
         "verdict_text": None,
@@ -167,8 +170,7 @@ def _structured_entries(row: dict[str, Any], ids: list[str], out: Plan) -> dict[
             d: {"score": e.score, "argument": e.argument, "cited_evidence": list(e.cited_evidence)}
             for d, e in parsed.entries.items()
         },
-        "parse_error": parsed.error
-        or (f"{len(parsed.missing)} of {len(ids)} dimensions missing or rejected" if parsed.missing else None),
+        "parse_error": cut_off(row, error),
     }
     if parsed.rejected:
         out.rejected[row["id"]] = parsed.rejected
@@ -181,15 +183,26 @@ def _single_opinion(agent: AgentSpec, dimension: DimensionSpec, row: dict[str, A
         opinion["error_line"] = failure_line(agent.name, dimension.id, row)
         return opinion
     verdict = parse_verdict(row.get("raw_output"))
+    error = cut_off(row, verdict.error)
     out.derived[row["id"]] = {
         "reasoning": verdict.reasoning,
         "verdict_text": verdict.verdict_text,
         "parsed_verdict": verdict.score,
-        "parse_error": verdict.error,
+        "parse_error": error,
     }
     opinion = _opinion(agent, dimension, row, verdict.score, verdict.reasoning, [])
-    opinion["parse_error"] = verdict.error
+    opinion["parse_error"] = error
     return opinion
+
+
+def cut_off(row: dict[str, Any], error: str | None) -> str | None:
+    """A parse error, saying so when the answer was cut off at its output limit (finish reason
+    `length`): the parser is not to blame, the request's max_tokens is."""
+    if error is None or row.get("finish_reason") != "length":
+        return error
+    params = row.get("params") or {}
+    limit = params.get("max_tokens") or params.get("max_completion_tokens") or params.get("max_output_tokens")
+    return f"answer cut off at max_tokens ({limit if limit else 'the provider default'}): {error}"
 
 
 def _opinion(

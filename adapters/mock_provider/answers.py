@@ -17,6 +17,14 @@ partial-success path can be tested (no effect on plain or `json_object` prompts)
     [[mock:omit=N]]     the last N items are left out (their dimensions go missing)
     [[mock:corrupt=N]]  the first N items are invalid: their first integer/number
                         property becomes the string "excellent"
+
+`model_answer` gives the whole answer a wire format carries (`wire.py` writes it out), as the
+providers do: a tool call when the request offers `tools` (and the last message is not a tool's
+result), an answer cut off at `max_tokens` / `max_output_tokens` when that is below its length,
+a refusal for `[[mock:refuse]]`, thinking when Anthropic's `thinking` (or the Responses API's
+`reasoning.summary`) asks for it, reasoning tokens for reasoning models (o1, o3, o4, gpt-5), and
+cached prompt tokens: OpenAI's when the system text was seen before by this server, Anthropic's
+for the content up to a `cache_control` block (written the first time, read after).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 DIRECTIVE = re.compile(r"\[\[mock:([a-z_0-9]+)(?:=([^\]]*))?\]\]")
@@ -41,9 +49,20 @@ _REASONS = (
 
 @dataclass(frozen=True)
 class MockAnswer:
+    """An answer before it is put in a wire format. `input_tokens` counts every input token (the
+    cached ones and the cache writes among them), `output_tokens` every output token (reasoning
+    and thinking among them)."""
+
     text: str
     input_tokens: int
     output_tokens: int
+    finish: str = "stop"  # stop | length | tool_calls | refusal
+    tool_calls: tuple[tuple[str, str, Any], ...] = ()  # (id, name, arguments as an object)
+    refusal: str | None = None
+    thinking: str | None = None
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0  # read from a prompt cache
+    cache_write_tokens: int = 0  # written to one (Anthropic's cache_control)
 
 
 def content_text(content: Any) -> str:
@@ -194,3 +213,134 @@ def _covering_items(item: dict[str, Any], name: str, seed: int, depth: int, spoi
         else:
             entry[name] = None
     return items[: len(items) - spoil.omit] if spoil.omit else items
+
+
+REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
+REASONING_TOKENS = 64  # what a reasoning model spends thinking, in the mock: a fixed number
+REFUSAL = "I can't help with that request."
+
+
+def request_prompt(wire: str, payload: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+    """(system, messages) of a request body in a wire format: `chat` and `anthropic` name them
+    so; the Responses API's are `instructions` and `input` (a string: one user message)."""
+    if wire == "responses":
+        given = payload.get("input", [])
+        messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
+        return payload.get("instructions"), [m for m in messages if isinstance(m, dict)]
+    return payload.get("system"), payload.get("messages", [])
+
+
+def max_output(payload: dict[str, Any]) -> int | None:
+    asked = payload.get("max_completion_tokens") or payload.get("max_tokens") or payload.get("max_output_tokens")
+    return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None
+
+
+def model_answer(wire: str, payload: dict[str, Any], seen_prefixes: set[str] | None = None) -> MockAnswer:
+    """The whole answer to a request body in `wire` (chat | responses | anthropic). `seen_prefixes`:
+    the server's prompt cache (prefixes it has seen), updated here."""
+    model = str(payload.get("model", "mock"))
+    system, messages = request_prompt(wire, payload)
+    response_format = payload.get("response_format")
+    if wire == "responses":
+        text_format = (payload.get("text") or {}).get("format")
+        if isinstance(text_format, dict) and text_format.get("type") == "json_schema":
+            response_format = {"type": "json_schema", "json_schema": text_format}
+    plain = chat_answer(model, system, messages, response_format)
+    prompt = prompt_text(system, messages)
+    found = directives(prompt)
+    cached, written = _cache(wire, system, messages, plain.input_tokens, seen_prefixes)
+    reasoning = REASONING_TOKENS if model.startswith(REASONING_MODELS) else 0
+    thinking = _thinking(wire, payload, prompt)
+    thought_tokens = _tokens(thinking) if thinking else 0
+    base = MockAnswer(
+        plain.text,
+        plain.input_tokens,
+        plain.output_tokens + thought_tokens + reasoning,
+        thinking=thinking,
+        reasoning_tokens=reasoning,
+        cached_tokens=cached,
+        cache_write_tokens=written,
+    )
+    if "refuse" in found:
+        return replace(base, text="", output_tokens=_tokens(REFUSAL) + reasoning, finish="refusal", refusal=REFUSAL)
+    tools = payload.get("tools")
+    last = messages[-1] if messages else {}
+    if tools and isinstance(tools, list) and not _is_tool_result(last):
+        name, schema = _tool(tools[0])
+        seed = _seed(model, prompt)
+        arguments = _instance(schema, seed) if schema else {}
+        call_id = f"call_{hashlib.sha256(f'{seed}'.encode()).hexdigest()[:16]}"
+        out = _tokens(json.dumps(arguments)) + thought_tokens + reasoning
+        return replace(base, text="", output_tokens=out, finish="tool_calls", tool_calls=((call_id, name, arguments),))
+    limit = max_output(payload)
+    if limit is not None and base.output_tokens > limit:
+        kept = max(int((limit - thought_tokens - reasoning) * 0.75), 0)
+        return replace(base, text=" ".join(plain.text.split(" ")[:kept]), output_tokens=limit, finish="length")
+    return base
+
+
+def _is_tool_result(message: Any) -> bool:
+    if not isinstance(message, dict):
+        return False
+    if message.get("role") == "tool" or message.get("type") == "function_call_output":
+        return True
+    content = message.get("content")
+    return isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+
+
+def _tool(tool: Any) -> tuple[str, dict[str, Any] | None]:
+    """A tool's name and argument schema in any of the three wire formats."""
+    if not isinstance(tool, dict):
+        return "tool", None
+    spec: dict[str, Any] = tool["function"] if isinstance(tool.get("function"), dict) else tool
+    schema = spec.get("parameters") or spec.get("input_schema")
+    return str(spec.get("name") or "tool"), schema if isinstance(schema, dict) else None
+
+
+def _thinking(wire: str, payload: dict[str, Any], prompt: str) -> str | None:
+    thinking = payload.get("thinking")
+    reasoning = payload.get("reasoning")
+    asked = (wire == "anthropic" and isinstance(thinking, dict) and thinking.get("type") == "enabled") or (
+        wire == "responses" and isinstance(reasoning, dict) and reasoning.get("summary")
+    )
+    if not asked:
+        return None
+    seed = _seed("thinking", prompt)
+    return "Let me weigh this. " + _REASONS[seed % len(_REASONS)] + ". So the answer follows."
+
+
+def _cache(
+    wire: str, system: Any, messages: list[dict[str, Any]], input_tokens: int, seen: set[str] | None
+) -> tuple[int, int]:
+    """(cached tokens read, tokens written to the cache) of a prompt."""
+    if seen is None:
+        return 0, 0
+    if wire != "anthropic":  # OpenAI: a prompt prefix (here, the system text) seen before is cached
+        instructions = content_text(system) + "".join(
+            content_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")
+        )
+        if not instructions:
+            return 0, 0
+        key = "openai:" + hashlib.sha256(instructions.encode()).hexdigest()
+        if key in seen:
+            return min(_tokens(instructions), input_tokens), 0
+        seen.add(key)
+        return 0, 0
+    prefix: list[str] = [system] if isinstance(system, str) and system else []
+    marked: str | None = None
+    for part in _blocks(system) + [b for m in messages for b in _blocks(m.get("content"))]:
+        prefix.append(str(part.get("text", "")))
+        if part.get("cache_control"):
+            marked = "\n".join(prefix)
+    if marked is None:
+        return 0, 0
+    tokens = min(_tokens(marked), input_tokens)
+    key = "anthropic:" + hashlib.sha256(marked.encode()).hexdigest()
+    if key in seen:
+        return tokens, 0
+    seen.add(key)
+    return 0, tokens
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []

@@ -36,11 +36,18 @@ from email.policy import default as email_policy
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from adapters.mock_provider.answers import chat_answer, directives, prompt_key, prompt_text
-from adapters.mock_provider.wire import Reply, anthropic_message, error_reply, json_reply, openai_completion
+from adapters.mock_provider.answers import directives, model_answer, prompt_key, prompt_text, request_prompt
+from adapters.mock_provider.wire import Answered, Reply, answer_body, error_reply, json_reply
 
 if TYPE_CHECKING:
     from adapters.mock_provider.server import MockProviderConfig
+
+
+def _wire(batch: Batch) -> str:
+    """The wire format of a batch's lines: Anthropic's, or OpenAI's chat or Responses API."""
+    if batch.kind == "anthropic":
+        return "anthropic"
+    return "responses" if batch.endpoint.rstrip("/").endswith("/responses") else "chat"
 
 
 def _rfc3339(ts: float | None) -> str | None:
@@ -96,9 +103,17 @@ class Batch:
 
 
 class BatchStore:
-    def __init__(self, config: MockProviderConfig, rng: Any) -> None:
+    def __init__(
+        self,
+        config: MockProviderConfig,
+        rng: Any,
+        prompt_cache: set[str] | None = None,
+        answered: Answered | None = None,
+    ) -> None:
         self.config = config
         self.rng = rng
+        self.prompt_cache = prompt_cache if prompt_cache is not None else set()  # the server's, shared
+        self.answered = answered or Answered()
         self.files: dict[str, StoredFile] = {}
         self.batches: dict[str, Batch] = {}
         self.seen: Counter[str] = Counter()  # per prompt: batches that carried it
@@ -191,9 +206,10 @@ class BatchStore:
             batch.invalid_lines = [0]
         for i, request in enumerate(requests):
             params = (request.get("body") if kind == "openai" else request.get("params")) or {}
-            key = prompt_key(params.get("system"), params.get("messages", []))
+            system, messages = request_prompt(_wire(batch), params)
+            key = prompt_key(system, messages)
             self.seen[key] += 1
-            found = directives(prompt_text(params.get("system"), params.get("messages", [])))
+            found = directives(prompt_text(system, messages))
             line = LinePlan(str(request.get("custom_id")), params)
             if "fail" in found:
                 status, _, times = found["fail"].partition("x")
@@ -303,7 +319,6 @@ class BatchStore:
     def _result(self, batch: Batch, line: LinePlan, canceled: bool) -> dict[str, Any]:
         """The result line of one request; `{}` (left out) for a canceled OpenAI line."""
         model = line.params.get("model", "mock")
-        system, messages = line.params.get("system"), line.params.get("messages", [])
         if batch.kind == "anthropic":
             result: dict[str, Any]
             if canceled:
@@ -314,8 +329,8 @@ class BatchStore:
                 error = {"type": "api_error" if line.status >= 500 else "invalid_request_error"}
                 result = {"type": "errored", "error": {"type": "error", "error": error | {"message": "injected"}}}
             else:
-                answer = chat_answer(model, system, messages, None)
-                message = anthropic_message(model, answer.text, answer.input_tokens, answer.output_tokens)
+                answer = model_answer("anthropic", line.params, self.prompt_cache)
+                message = self.answered.note(answer_body("anthropic", model, answer))
                 result = {"type": "succeeded", "message": message}
             return {"custom_id": line.custom_id, "result": result}
         if canceled:
@@ -327,8 +342,8 @@ class BatchStore:
         if line.status != 200:
             body: dict[str, Any] = {"error": {"message": f"injected {line.status}", "type": "server_error"}}
         else:
-            answer = chat_answer(model, system, messages, line.params.get("response_format"))
-            body = openai_completion(model, answer.text, answer.input_tokens, answer.output_tokens)
+            wire = _wire(batch)
+            body = self.answered.note(answer_body(wire, model, model_answer(wire, line.params, self.prompt_cache)))
         return row | {"response": {"status_code": line.status, "request_id": uuid.uuid4().hex, "body": body}}
 
     # -- views -----------------------------------------------------------------

@@ -32,6 +32,12 @@ class MockProviderAddress:
     def stats(self) -> dict[str, Any]:
         return dict(httpx.get(self.base_url + "/_stats", timeout=10).json())
 
+    def answered(self, answer_id: str) -> bytes:
+        """The body of an answer the mock sent (its `id`), as the bytes it sent."""
+        reply = httpx.get(f"{self.base_url}/_answered/{answer_id}", timeout=10)
+        reply.raise_for_status()
+        return reply.content
+
     def release(self) -> None:
         """Let every `[[mock:hold]]` call, now and from now on, be answered."""
         httpx.post(self.base_url + "/_release", timeout=10).raise_for_status()

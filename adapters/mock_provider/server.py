@@ -1,4 +1,4 @@
-"""A mock LLM provider over real HTTP: OpenAI and Anthropic wire formats, no keys.
+"""A mock LLM provider over real HTTP: OpenAI (chat and Responses) and Anthropic wire formats, no keys.
 
 The real `openai` and `anthropic` SDKs talk to it unchanged, so tests, the demo
 and the benchmarks exercise the whole path. It simulates latency, a concurrency
@@ -10,6 +10,7 @@ faults via `[[mock:...]]` directives in the prompt text:
     [[mock:fail=503x2]]   the first 2 calls of this prompt get 503 (`x*`: every call)
     [[mock:fail=429]]     429 with retry-after `[[mock:retry_after=S]]` (default 1 s)
     [[mock:quota]]        429 insufficient_quota (not retryable)
+    [[mock:refuse]]       the model refuses (OpenAI `refusal`, Anthropic `stop_reason: refusal`)
     [[mock:hang]]         the first call hangs for `hang_seconds` (past any timeout)
     [[mock:malformed]]    a 200 with a truncated body; `[[mock:error200]]`: a 200 with an error object
     [[mock:latency=S]]    this prompt's own latency
@@ -20,7 +21,8 @@ faults via `[[mock:...]]` directives in the prompt text:
     [[mock:corrupt=N]]    structured answers: the first N items are invalid (score "excellent");
                           neither touches plain prompts (see `answers.py`)
 
-`GET /_stats` tells what the provider saw; `POST /_reset` zeroes it.
+`GET /_stats` tells what the provider saw; `POST /_reset` zeroes it; `GET /_answered/{id}` gives
+an answer body it sent (online or in a batch's results) as the JSON text it sent.
 
 Built on h11 + anyio rather than `http.server`: each response goes out in one
 write with TCP_NODELAY (no Nagle/delayed-ACK stalls of ~40 ms), the listen
@@ -47,17 +49,17 @@ import anyio
 import h11
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 
-from adapters.mock_provider.answers import chat_answer, directives, prompt_key, prompt_text
-from adapters.mock_provider.batches import BatchStore
-from adapters.mock_provider.wire import (
-    Reply,
-    anthropic_message,
-    error_reply,
-    error_type,
-    json_reply,
-    openai_completion,
-    rate_limited,
+from adapters.mock_provider.answers import (
+    chat_answer,
+    directives,
+    max_output,
+    model_answer,
+    prompt_key,
+    prompt_text,
+    request_prompt,
 )
+from adapters.mock_provider.batches import BatchStore
+from adapters.mock_provider.wire import Answered, Reply, answer_body, error_reply, error_type, json_reply, rate_limited
 
 FAULT_KINDS = ("429", "408", "500", "502", "503", "529", "hang", "malformed")
 
@@ -97,7 +99,9 @@ class MockProviderServer:
         self.config = config or MockProviderConfig()
         self._rng = random.Random(self.config.seed)
         self._released: anyio.Event | None = None
-        self.batches = BatchStore(self.config, self._rng)
+        self.prompt_cache: set[str] = set()
+        self.answered = Answered()
+        self.batches = BatchStore(self.config, self._rng, self.prompt_cache, self.answered)
         self.reset()
 
     def reset(self) -> None:
@@ -110,6 +114,7 @@ class MockProviderServer:
         self._spent: deque[tuple[float, int]] = deque()  # (admitted at, tokens) within the window
         self._first_call: float | None = None
         self._last_answer: float | None = None
+        self.prompt_cache.clear()  # prompt prefixes seen: cached tokens next time (shared with batches)
         self.batches.reset()
 
     def stats(self) -> dict[str, Any]:
@@ -249,6 +254,9 @@ class MockProviderServer:
         host = dict(request.headers).get(b"host", b"").decode() or f"{self.config.host}:{self.port}"
         if method == "GET" and path == "/_stats":
             return json_reply(200, self.stats())
+        if method == "GET" and path.startswith("/_answered/"):
+            sent = self.answered.bodies.get(path.removeprefix("/_answered/"))
+            return Reply(200, sent.encode()) if sent is not None else json_reply(404, {"error": "not answered"})
         if method == "POST" and path == "/_reset":
             self.reset()
             return json_reply(200, {"ok": True})
@@ -259,6 +267,8 @@ class MockProviderServer:
             return await self._model_call("openai", body, stream, conn)
         if method == "POST" and path == "/v1/messages":
             return await self._model_call("anthropic", body, stream, conn)
+        if method == "POST" and path in ("/v1/responses", "/responses"):
+            return await self._model_call("responses", body, stream, conn)
         reply = self.batches.route(method, target, body, dict(request.headers), host)
         if reply is not None:
             return reply
@@ -267,10 +277,12 @@ class MockProviderServer:
     async def _model_call(self, wire: str, body: bytes, stream: SocketStream, conn: h11.Connection) -> Reply:
         try:
             payload = json.loads(body)
-            messages = payload["messages"]
-        except (ValueError, KeyError, TypeError):
-            return self._count(error_reply(wire, 400, "invalid_request_error", "body must be JSON with messages"))
-        system = payload.get("system")
+            system, messages = request_prompt(wire, payload)
+            if not isinstance(messages, list):
+                raise TypeError("messages")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            what = "input" if wire == "responses" else "messages"
+            return self._count(error_reply(wire, 400, "invalid_request_error", f"body must be JSON with {what}"))
         key = prompt_key(system, messages)
         self.calls += 1
         self.per_prompt[key] += 1
@@ -283,7 +295,7 @@ class MockProviderServer:
         if limited is not None:
             reply = rate_limited(wire, limited, "requests per minute exceeded")
             return self._count(self._with_rate_headers(wire, reply))
-        limited = self._over_tpm(payload, system, messages)
+        limited = self._over_tpm(wire, payload)
         if limited is not None:
             reply = rate_limited(wire, limited, "tokens per minute exceeded")
             return self._count(self._with_rate_headers(wire, reply))
@@ -310,17 +322,16 @@ class MockProviderServer:
         self._recent.append(now)
         return None
 
-    def _over_tpm(self, payload: dict[str, Any], system: Any, messages: list[dict[str, Any]]) -> float | None:
+    def _over_tpm(self, wire: str, payload: dict[str, Any]) -> float | None:
         """With a `tpm` cap, seconds until the oldest call leaves the window (a 429), or None: the
         call is counted and goes on. A call counts from its admission, as the providers estimate
         it: the prompt plus `max_tokens` (else the answer's own length), whatever it then uses;
         one that does not fit in what is left is refused, unless the window is empty."""
         if self.config.tpm is None:
             return None
+        system, messages = request_prompt(wire, payload)
         answer = chat_answer(payload.get("model", "mock"), system, messages, payload.get("response_format"))
-        asked = payload.get("max_completion_tokens") or payload.get("max_tokens")
-        out = asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else answer.output_tokens
-        tokens = answer.input_tokens + out
+        tokens = answer.input_tokens + (max_output(payload) or answer.output_tokens)
         now = self._window_now()
         if self._spent and self._tokens_spent() + tokens > self.config.tpm:
             return max(0.05, self.config.rpm_window - (now - self._spent[0][0]))
@@ -400,15 +411,8 @@ class MockProviderServer:
             if status == 429:
                 return rate_limited(wire, float(found.get("retry_after", 1)), "rate limited (injected)")
             return error_reply(wire, status, error_type(status), f"injected {status}")
-        answer = chat_answer(payload.get("model", "mock"), system, messages, payload.get("response_format"))
-        if wire == "openai":
-            return json_reply(
-                200,
-                openai_completion(payload.get("model", "mock"), answer.text, answer.input_tokens, answer.output_tokens),
-            )
-        return json_reply(
-            200, anthropic_message(payload.get("model", "mock"), answer.text, answer.input_tokens, answer.output_tokens)
-        )
+        answer = model_answer(wire, payload, self.prompt_cache)
+        return json_reply(200, self.answered.note(answer_body(wire, str(payload.get("model", "mock")), answer)))
 
     def _fault(self, found: dict[str, str], nth: int) -> str | None:
         """Which fault this call gets: directives first (deterministic), then the dice."""
@@ -429,7 +433,7 @@ class MockProviderServer:
 
 def _rate_headers(wire: str, kind: str, limit: int, remaining: int, reset: float) -> list[tuple[str, str]]:
     """One window's rate-limit headers (`kind`: requests or tokens) in the provider's own names."""
-    if wire == "openai":
+    if wire != "anthropic":
         return [
             (f"x-ratelimit-limit-{kind}", str(limit)),
             (f"x-ratelimit-remaining-{kind}", str(remaining)),

@@ -10,7 +10,10 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from adapters.mock_provider.answers import MockAnswer
 
 
 @dataclass
@@ -82,3 +85,118 @@ def anthropic_message(model: str, text: str, input_tokens: int, output_tokens: i
         "stop_sequence": None,
         "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
     }
+
+
+class Answered:
+    """The answer bodies the mock sent, by their `id`, as JSON text: what a test compares the
+    ledger's stored body with (`GET /_answered/{id}`). The newest `KEEP` only."""
+
+    KEEP = 10_000
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, str] = {}
+
+    def note(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.bodies[str(body.get("id"))] = json.dumps(body)
+        while len(self.bodies) > self.KEEP:
+            del self.bodies[next(iter(self.bodies))]
+        return body
+
+
+def answer_body(wire: str, model: str, answer: MockAnswer) -> dict[str, Any]:
+    """The whole answer in a wire format: `chat`, `responses` or `anthropic`."""
+    if wire == "anthropic":
+        return anthropic_answer(model, answer)
+    if wire == "responses":
+        return responses_answer(model, answer)
+    return chat_answer_body(model, answer)
+
+
+def chat_answer_body(model: str, answer: MockAnswer) -> dict[str, Any]:
+    body = openai_completion(model, answer.text, answer.input_tokens, answer.output_tokens)
+    choice = body["choices"][0]
+    message = choice["message"]
+    message["refusal"] = answer.refusal
+    if answer.refusal is not None:
+        message["content"] = None  # OpenAI: a refusal comes instead of content, finish_reason "stop"
+    elif answer.tool_calls:
+        message["content"] = None
+        message["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+            for call_id, name, arguments in answer.tool_calls
+        ]
+    choice["finish_reason"] = {"length": "length", "tool_calls": "tool_calls"}.get(answer.finish, "stop")
+    body["usage"]["prompt_tokens_details"] = {"cached_tokens": answer.cached_tokens, "audio_tokens": 0}
+    body["usage"]["completion_tokens_details"] = {"reasoning_tokens": answer.reasoning_tokens, "audio_tokens": 0}
+    return body
+
+
+def responses_answer(model: str, answer: MockAnswer) -> dict[str, Any]:
+    output: list[dict[str, Any]] = []
+    if answer.thinking is not None:
+        summary = [{"type": "summary_text", "text": answer.thinking}]
+        output.append({"id": f"rs_{uuid.uuid4().hex[:24]}", "type": "reasoning", "summary": summary})
+    if answer.refusal is not None:
+        content: list[dict[str, Any]] = [{"type": "refusal", "refusal": answer.refusal}]
+    else:
+        content = [{"type": "output_text", "text": answer.text, "annotations": []}] if answer.text else []
+    if content:
+        output.append(
+            {
+                "id": f"msg_{uuid.uuid4().hex[:24]}",
+                "type": "message",
+                "status": "incomplete" if answer.finish == "length" else "completed",
+                "role": "assistant",
+                "content": content,
+            }
+        )
+    for call_id, name, arguments in answer.tool_calls:
+        output.append(
+            {
+                "id": f"fc_{uuid.uuid4().hex[:24]}",
+                "type": "function_call",
+                "status": "completed",
+                "call_id": call_id,
+                "name": name,
+                "arguments": json.dumps(arguments),
+            }
+        )
+    cut = answer.finish == "length"
+    return {
+        "id": f"resp_{uuid.uuid4().hex[:24]}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "error": None,
+        "model": model,
+        "output": output,
+        "usage": {
+            "input_tokens": answer.input_tokens,
+            "input_tokens_details": {"cached_tokens": answer.cached_tokens},
+            "output_tokens": answer.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": answer.reasoning_tokens},
+            "total_tokens": answer.input_tokens + answer.output_tokens,
+        },
+    }
+
+
+def anthropic_answer(model: str, answer: MockAnswer) -> dict[str, Any]:
+    uncached = answer.input_tokens - answer.cached_tokens - answer.cache_write_tokens
+    body = anthropic_message(model, answer.text, uncached, answer.output_tokens)
+    content: list[dict[str, Any]] = []
+    if answer.thinking is not None:
+        content.append({"type": "thinking", "thinking": answer.thinking, "signature": uuid.uuid4().hex})
+    if answer.refusal is not None:
+        content.append({"type": "text", "text": answer.refusal})
+    elif answer.text:
+        content.append({"type": "text", "text": answer.text})
+    for call_id, name, arguments in answer.tool_calls:
+        content.append({"type": "tool_use", "id": "toolu_" + call_id[5:], "name": name, "input": arguments})
+    body["content"] = content
+    body["stop_reason"] = {"length": "max_tokens", "tool_calls": "tool_use", "refusal": "refusal"}.get(
+        answer.finish, "end_turn"
+    )
+    body["usage"]["cache_read_input_tokens"] = answer.cached_tokens
+    body["usage"]["cache_creation_input_tokens"] = answer.cache_write_tokens
+    return body

@@ -41,6 +41,8 @@ _PARSE_COLUMNS = (
     requests.c.status,
     requests.c.trace,
     requests.c.raw_output,
+    requests.c.finish_reason,
+    requests.c.params,
     requests.c.attempts,
     requests.c.last_status_code,
     requests.c.error_code,
@@ -56,6 +58,12 @@ _RESULT_COLUMNS = (
     requests.c.status,
     requests.c.trace,
     requests.c.raw_output,
+    requests.c.api,
+    requests.c.finish_reason,
+    requests.c.provider_finish_reason,
+    requests.c.tool_calls,
+    requests.c.refusal,
+    requests.c.thinking,
     requests.c.reasoning,
     requests.c.verdict_text,
     requests.c.parsed_verdict,
@@ -65,6 +73,9 @@ _RESULT_COLUMNS = (
     requests.c.attempts,
     requests.c.input_tokens,
     requests.c.output_tokens,
+    requests.c.cached_input_tokens,
+    requests.c.cache_write_tokens,
+    requests.c.reasoning_tokens,
     requests.c.cost_usd,
     requests.c.completed_at,
 )
@@ -151,11 +162,20 @@ class JobQueries:
         done = func.sum(case((c.status.in_(FINAL_STATUSES), 1), else_=0))
         spending = (RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value)  # online, or in a provider batch
         running = func.sum(case((c.status.in_(spending), 1), else_=0))
+        # Answers cut off at their max_tokens (finish_reason `length`): a user raises max_tokens.
+        truncated = func.sum(case((c.finish_reason == "length", 1), else_=0))
         with reading(self.engine) as conn:
-            row = conn.execute(select(func.count(), done, running).where(c.job_id == job_id)).one()
+            row = conn.execute(select(func.count(), done, running, truncated).where(c.job_id == job_id)).one()
             spent = job_spent(conn, job_id)
-        total, finished, in_flight = (int(x or 0) for x in row)
-        return {"total": total, "done": finished, "open": total - finished, "running": in_flight, "spent_usd": spent}
+        total, finished, in_flight, cut = (int(x or 0) for x in row)
+        return {
+            "total": total,
+            "done": finished,
+            "open": total - finished,
+            "running": in_flight,
+            "spent_usd": spent,
+            "truncated": cut,
+        }
 
     def job_requests(self, job_id: str) -> list[dict[str, Any]]:
         with reading(self.engine) as conn:
