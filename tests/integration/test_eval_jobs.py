@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -311,3 +312,57 @@ def test_an_until_idle_run_with_a_job_and_its_gaps_ends_on_events_not_polls(
     assert store.get_job("events")["status"] == "completed"  # type: ignore[index]
     assert len(opinion_map(store, "events")) == 10
     assert len(store.list_requests(job_id="events")) == 3  # the structured request and two gaps
+
+
+def test_a_judge_cut_off_at_max_tokens_is_flagged_and_counted_while_the_job_runs(
+    db_url: str, mock: RunningMockProvider
+) -> None:
+    """A judge whose max_tokens is too small: every opinion says the answer was cut off (not "no
+    VERDICT line" alone), `ledger status --json` counts them while the job runs, `ledger report`
+    after. The second judge's calls are held at the mock, so the job is certainly still running."""
+    from typer.testing import CliRunner
+
+    from ledger.cli import app
+    from ledger.cli_jobs import job_status
+
+    settings = batch_settings(db_url, mock)
+    judge = {"provider": "openai", "model": "gpt-4o-mini"}
+    spec = small_spec("terse", dims=3)
+    data = {
+        "id": "terse",
+        "artifact": {"text": "def add(a, b):\n    return a - b\n"},
+        "agents": [
+            {**judge, "name": "terse", "system": "You judge.", "params": {"max_tokens": 5}},
+            {**judge, "name": "held", "system": "You judge. [[mock:hold]]"},
+        ],
+        "dimensions": [{"id": d.id, "name": d.name, "instruction": d.instruction} for d in spec.dimensions],
+    }
+    store = Store(db_url)
+    trigger(store, settings, spec_from_mapping(data, source="test", base_dir=Path("."), default_id="terse"))
+    daemon = threading.Thread(target=run, args=(settings,))
+    daemon.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            (active,) = job_status(store, settings)["active_jobs"]
+            if active["truncated"] == 3:
+                break
+            assert time.monotonic() < deadline, f"truncated answers not counted: {active}"
+            time.sleep(0.05)
+        said = CliRunner().invoke(app, ["status", "--json"], env={"LEDGER_DATABASE_URL": db_url})
+        assert said.exit_code == 0, said.output
+        assert json.loads(said.stdout)["active_jobs"][0]["truncated"] == 3
+    finally:
+        mock.release()
+        daemon.join()
+    opinions = {(o["agent"], o["dimension"]): o for o in store.opinions("terse")}
+    assert len(opinions) == 6
+    for (agent, _), opinion in opinions.items():
+        if agent == "terse":
+            assert opinion["score"] is None
+            assert opinion["parse_error"] == "answer cut off at max_tokens (5): no VERDICT line"
+        else:
+            assert opinion["score"] is not None and opinion["parse_error"] is None
+    report = CliRunner().invoke(app, ["report", "terse"], env={"LEDGER_DATABASE_URL": db_url})
+    assert report.exit_code == 0, report.output
+    assert "3 answers cut off at max_tokens" in report.stdout.splitlines()
