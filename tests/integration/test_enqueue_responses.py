@@ -78,7 +78,7 @@ def test_the_python_api_takes_api_responses_and_refuses_it_where_no_provider_ser
         stored = ledger.store.get_request(request_id)
         assert stored is not None and stored["api"] == "responses"
         assert stored["input"]["system"] == "Be brief."
-        with pytest.raises(EnqueueError, match="^api: provider 'anthropic' has no Responses API"):
+        with pytest.raises(EnqueueError, match=r"^api: provider 'anthropic' has no Responses API"):
             ledger.enqueue(
                 model="claude-haiku-4-5",
                 provider="anthropic",
