@@ -181,15 +181,15 @@ def _print_answer(found: dict[str, Any]) -> None:
     What a model wrote is printed as it is (`markup=False`): brackets in it are not styling."""
     if found.get("finish_reason") is not None:
         said = text_of(found.get("provider_finish_reason"))
-        out.print(f"finish_reason: {found['finish_reason']} (provider: {said})", highlight=False, markup=False)
+        out.print(f"finish_reason: {found['finish_reason']} (provider: {said})", highlight=False, markup=False, soft_wrap=True)
     for call in found.get("tool_calls") or []:
         line = f"tool call: {call.get('name')}({call.get('arguments')}) id {call.get('id')}"
-        out.print(line, highlight=False, markup=False)
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
     for key in ("refusal", "thinking"):
         if found.get(key) is not None:
-            out.print(f"{key}: {text_of(found[key])}", highlight=False, markup=False)
+            out.print(f"{key}: {text_of(found[key])}", highlight=False, markup=False, soft_wrap=True)
     if found.get("input_tokens") is not None or found.get("output_tokens") is not None:
-        out.print(f"usage: {usage_line(found)}", highlight=False)
+        out.print(f"usage: {usage_line(found)}", highlight=False, soft_wrap=True)
     if found.get("response") is not None:
         size = len(json.dumps(found["response"]))
         out.print(

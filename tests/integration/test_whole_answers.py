@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from typer.testing import CliRunner
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
@@ -269,3 +270,37 @@ def test_a_budget_settles_cached_calls_to_the_formula(db_url: str, mock: Running
     assert store.spend_today() == pytest.approx(sum(expected_cost(r, batch=False) for r in found.values()), rel=1e-9)
     cached = [r for r in found.values() if r["cached_input_tokens"]]
     assert cached and all(r["cost_usd"] == pytest.approx(expected_cost(r, batch=False)) for r in cached)
+
+
+def test_show_and_the_audit_view_give_the_answer_fields(db_url: str, mock: RunningMockProvider, tmp_path: Path) -> None:
+    done = run_every_kind(db_url, mock, tmp_path, APIS[2], "online")
+    found, store = done["rows"], done["store"]
+    tools = found["tools"]
+    shown = CliRunner().invoke(app, ["show", str(tools["id"])], env={"LEDGER_DATABASE_URL": db_url})
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    assert "finish_reason: tool_calls (provider: tool_use)" in lines
+    call = tools["tool_calls"][0]
+    assert f"tool call: get_weather({call['arguments']}) id {call['id']}" in lines
+    cached = found["cached_second"] if found["cached_second"]["cached_input_tokens"] else found["cached_first"]
+    shown = CliRunner().invoke(app, ["show", str(cached["id"])], env={"LEDGER_DATABASE_URL": db_url})
+    usage = (
+        f"usage: input {cached['input_tokens']} (cached {cached['cached_input_tokens']}, cache writes 0),"
+        f" output {cached['output_tokens']}"
+    )
+    assert usage in shown.stdout.splitlines()
+    thinking = CliRunner().invoke(app, ["show", str(found["thinking"]["id"])], env={"LEDGER_DATABASE_URL": db_url})
+    assert f"thinking: {found['thinking']['thinking']}" in thinking.stdout.splitlines()
+    with store.engine.connect() as conn:
+        audited = {
+            row.id: row
+            for row in conn.execute(
+                text(
+                    "SELECT id, api, finish_reason, provider_finish_reason, refusal, cached_input_tokens,"
+                    " cache_write_tokens, reasoning_tokens, thinking FROM llm_request_audit"
+                )
+            )
+        }
+    assert audited[tools["id"]].finish_reason == "tool_calls" and audited[tools["id"]].api == "messages"
+    assert audited[found["refusal"]["id"]].refusal == REFUSAL
+    assert audited[cached["id"]].cached_input_tokens == cached["cached_input_tokens"] > 0
