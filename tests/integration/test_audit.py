@@ -9,6 +9,7 @@ from pathlib import Path
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from adapters.base import CallResult
 from ledger.cli import app
 from ledger.enqueue import build_spec, to_row
 from ledger.store import Store
@@ -38,7 +39,11 @@ def populate(url: str) -> dict[str, int]:
     # Refused with one other call out: the pool learns its limit (decision 50).
     store.record([RetryLater(ok, 1, AttemptFailure(429, "rate_limit", "slow down", 12), delay_s=0.0, calls_out=1)])
     assert store.begin_attempt(ok).number == 2
-    store.record([Completed(ok, 2, "Reasoning...\nVERDICT: 4", 150, input_tokens=20, output_tokens=7)])
+    text_out = "Reasoning...\nVERDICT: 4"
+    answer = CallResult(
+        text_out, 20, 7, finish_reason="length", provider_finish_reason="length", cached_input_tokens=16
+    )
+    store.record([Completed(ok, 2, text_out, 150, input_tokens=20, output_tokens=7, cost_usd=0.5, answer=answer)])
     (bad,) = store.claim("w", **limits).requests
     store.record([Failed(bad, 1, AttemptFailure(401, "invalid_api_key", "401: bad key", 9), elapsed_ms=9)])
     store.close()
@@ -70,7 +75,15 @@ def test_requests_show_export_and_status(db_url: str, tmp_path: Path) -> None:
     cli(db_url, "export", "--job", "audit", "--out", str(out))
     exported = {line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())}
     assert exported["k0"]["output"].endswith("VERDICT: 4")
-    assert exported["k0"]["usage"] == {"input_tokens": 20, "output_tokens": 7}
+    assert exported["k0"]["usage"] == {
+        "input_tokens": 20,
+        "output_tokens": 7,
+        "cached_input_tokens": 16,
+        "cache_write_tokens": None,
+        "reasoning_tokens": None,
+    }
+    assert (exported["k0"]["finish_reason"], exported["k0"]["provider_finish_reason"]) == ("length", "length")
+    assert "response" not in exported["k0"]  # the body only with --full
     assert exported["k1"]["error"] == {
         "code": "invalid_api_key",
         "message": "401: bad key",
@@ -102,11 +115,14 @@ def test_show_unknown_id_is_a_clear_error(sqlite_url: str) -> None:
 def test_readme_audit_queries_run_and_answer(db_url: str) -> None:
     ids = populate(db_url)
     queries = re.findall(r"```sql\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(queries) == 4
+    assert len(queries) == 5
     store = Store(db_url)
     with store.engine.connect() as conn:
-        saw_429, spend, batches, in_flight = (conn.execute(text(q)).mappings().all() for q in queries)
+        saw_429, spend, batches, in_flight, not_stopped = (conn.execute(text(q)).mappings().all() for q in queries)
     store.close()
+    assert [dict(r) for r in not_stopped] == [
+        {"model": "gpt-4o-mini", "finish_reason": "length", "answers": 1, "cached_input_tokens": 16, "cost_usd": 0.5}
+    ]
     assert [(r["id"], r["status"], r["rate_limited_attempts"]) for r in saw_429] == [(ids["ok"], "completed", 1)]
     assert [(r["model"], r["requests"], r["input_tokens"]) for r in spend] == [("gpt-4o-mini", 1, 20)]
     assert in_flight == [] and batches == []  # batches: see test_provider_batches
