@@ -255,7 +255,7 @@ class MockProviderServer:
         if method == "GET" and path == "/_stats":
             return json_reply(200, self.stats())
         if method == "GET" and path.startswith("/_answered/"):
-            sent = self.answered.bodies.get(path.removeprefix("/_answered/"))
+            sent = self.answered.text(path.removeprefix("/_answered/"))
             return Reply(200, sent.encode()) if sent is not None else json_reply(404, {"error": "not answered"})
         if method == "POST" and path == "/_reset":
             self.reset()

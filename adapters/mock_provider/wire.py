@@ -94,13 +94,19 @@ class Answered:
     KEEP = 10_000
 
     def __init__(self) -> None:
-        self.bodies: dict[str, str] = {}
+        self._bodies: dict[str, dict[str, Any]] = {}
 
     def note(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.bodies[str(body.get("id"))] = json.dumps(body)
-        while len(self.bodies) > self.KEEP:
-            del self.bodies[next(iter(self.bodies))]
+        """Keep a body as it is sent (it is not changed after: `json_reply` writes it at once, a
+        batch's results file when the batch ends); written out as JSON only when asked for."""
+        self._bodies[str(body.get("id"))] = body
+        if len(self._bodies) > self.KEEP:
+            del self._bodies[next(iter(self._bodies))]
         return body
+
+    def text(self, answer_id: str) -> str | None:
+        body = self._bodies.get(answer_id)
+        return None if body is None else json.dumps(body)
 
 
 def answer_body(wire: str, model: str, answer: MockAnswer) -> dict[str, Any]:
