@@ -364,6 +364,8 @@ def joined(parts: list[str]) -> str | None:
 def token_count(value: Any) -> int | None:
     """A usage count as a provider sent it, as a whole number: some OpenAI-compatible servers
     send `12.0`, which PostgreSQL's integer columns refuse; anything not a number is unknown."""
+    if type(value) is int:  # the usual case, first: a batch's results read four of these a line
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return round(value)

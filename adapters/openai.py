@@ -141,6 +141,8 @@ def content_parts_text(content: Any) -> str:
 
 
 def _tool_calls(message: dict[str, Any]) -> tuple[ToolCall, ...]:
+    if not message.get("tool_calls") and not message.get("function_call"):
+        return ()
     calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
     found = [
         ToolCall(

@@ -47,6 +47,7 @@ from adapters.base import (
 from adapters.registry import BATCH_PROVIDERS, make_batch_adapter
 from ledger import events
 from ledger.executor import stored_call
+from ledger.parsing import derive
 from ledger.prices import Price, PriceTable
 from ledger.record import DbLane
 from ledger.retry import RetryPolicy
@@ -423,6 +424,7 @@ class BatchWorker:
         key = str(row["submit_key"])
         request, price = request_of(lease.id, key), self.prices.price(row["provider"], row["model"])
         keep = self.settings.keeps_response
+        parsers = await self.lane.run(self.store.batch_parsers, lease.id)
         total = Mapped()
         foreign = 0
         parsed = Handoff[LineOutcome](MAP_CHUNK)
@@ -436,7 +438,7 @@ class BatchWorker:
                 tg.start_soon(write_all)
                 try:
                     async for line in adapter.results(batch):
-                        outcome = _outcome(line, request(line.custom_id), price, keep)
+                        outcome = _outcome(line, request(line.custom_id), price, keep, parsers)
                         if outcome is None:
                             foreign += 1
                         else:
@@ -496,15 +498,26 @@ class BatchWorker:
         )
 
 
-def _outcome(line: BatchLine, request_id: int | None, price: Price | None, keep_response: bool) -> LineOutcome | None:
-    """A result line ready to write, or None when it is not a line of this ledger batch (an
-    adopted batch is checked line by line)."""
+def _outcome(
+    line: BatchLine,
+    request_id: int | None,
+    price: Price | None,
+    keep_response: bool,
+    parsers: dict[int, tuple[str, Any, Any]],
+) -> LineOutcome | None:
+    """A result line ready to write (parsed, when its request says how), or None when it is not
+    a line of this ledger batch (an adopted batch is checked line by line)."""
     if request_id is None:
         return None
-    answer, cost = line.answer, None
+    answer, cost, derived = line.answer, None, None
     if answer is not None:
         if price is not None:
             cost = price.answer_cost(answer, batch=True)
+        if request_id in parsers:
+            parse, response_format, params = parsers[request_id]
+            derived = derive(
+                parse, answer.text, response_format=response_format, finish_reason=answer.finish_reason, params=params
+            )
         if not keep_response:
             answer = replace(answer, response=None)
     return LineOutcome(
@@ -516,6 +529,7 @@ def _outcome(line: BatchLine, request_id: int | None, price: Price | None, keep_
         line.error_code,
         line.message,
         line.retryable,
+        derived,
     )
 
 

@@ -181,7 +181,9 @@ def _print_answer(found: dict[str, Any]) -> None:
     What a model wrote is printed as it is (`markup=False`): brackets in it are not styling."""
     if found.get("finish_reason") is not None:
         said = text_of(found.get("provider_finish_reason"))
-        out.print(f"finish_reason: {found['finish_reason']} (provider: {said})", highlight=False, markup=False, soft_wrap=True)
+        out.print(
+            f"finish_reason: {found['finish_reason']} (provider: {said})", highlight=False, markup=False, soft_wrap=True
+        )
     for call in found.get("tool_calls") or []:
         line = f"tool call: {call.get('name')}({call.get('arguments')}) id {call.get('id')}"
         out.print(line, highlight=False, markup=False, soft_wrap=True)

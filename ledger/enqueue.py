@@ -33,6 +33,7 @@ from adapters.openai_responses import RESPONSES_API, chat_response_format
 from adapters.registry import PROVIDER_NAMES
 from ledger.fingerprint import body_hash, canonical, json_texts
 from ledger.params import params_problem
+from ledger.parsing import PARSERS, parse_name
 from ledger.pools import endpoint_for, normalize_endpoint
 from ledger.prices import PriceTable, input_bytes, token_estimate
 from ledger.settings import DEFAULT_MAX_LINE_BYTES
@@ -81,6 +82,13 @@ class RequestSpec(BaseModel):
     # None: the provider's own (messages for anthropic, chat for the others); chat and messages
     # are the same request in two wire formats, so a file made for one provider replays on another.
     api: str | None = None
+    # How the answer is parsed when it comes, in the transaction that records it: `verdict`
+    # (reasoning, then a final `VERDICT: <score>` line; `score_range` other than 1-5) or `json`
+    # (its JSON value, checked against the response format's schema). None: not parsed here.
+    parse: str | None = None
+    score_range: tuple[int, int] | None = None
+    # The requests this one was built from (lineage): ids of requests already in the ledger.
+    sources: list[int] | None = None
 
     def __init__(self, /, **fields: Any) -> None:  # positional-only: a field named "self" is a field
         try:
@@ -132,6 +140,34 @@ class RequestSpec(BaseModel):
             raise ValueError(f"unknown api {value!r} (known: {', '.join(APIS)})")
         return value
 
+    @field_validator("parse")
+    @classmethod
+    def _known_parser(cls, value: str | None) -> str | None:
+        if value is not None and value not in PARSERS:
+            raise ValueError(f"unknown parser {value!r} (known: {', '.join(PARSERS)})")
+        return value
+
+    @field_validator("sources")
+    @classmethod
+    def _valid_sources(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
+        for i, source in enumerate(value):
+            if isinstance(source, bool) or not isinstance(source, int) or not 1 <= source < 2**63:
+                raise ValueError(f"sources[{i}]: must be a request id (a positive integer), got {source!r}")
+        return list(dict.fromkeys(value)) or None
+
+    @model_validator(mode="after")
+    def _score_range_fits(self) -> RequestSpec:
+        if self.score_range is None:
+            return self
+        if self.parse != "verdict":
+            raise ValueError("score_range: only with parse 'verdict'")
+        low, high = self.score_range
+        if low >= high:
+            raise ValueError(f"score_range: the lowest score must be below the highest, got {low}..{high}")
+        return self
+
     @model_validator(mode="after")
     def _api_fits(self) -> RequestSpec:
         api = api_for(self.provider, self.api)
@@ -167,6 +203,7 @@ class Defaults:
     delivery: Delivery | None = None
     job_id: str | None = None
     priority: int | None = None
+    parse: str | None = None
 
 
 APIS = ("chat", RESPONSES_API, "messages")
@@ -242,6 +279,8 @@ def checked_row(
         "priority": spec.priority,
         "trace": spec.trace,
         "api": api,
+        "parse": parse_name(spec.parse, spec.score_range) if spec.parse else None,
+        "sources": spec.sources,
     }
     try:
         texts = json_texts(row)
@@ -303,8 +342,9 @@ def content_key(row: dict[str, Any]) -> str:
     keyed = {
         k: row[k] for k in ("job_id", "purpose", "provider", "model", "input", "params", "response_format", "trace")
     }
-    if row.get("api") == RESPONSES_API:  # only then: a chat request's key stays what it always was
-        keyed["api"] = RESPONSES_API
+    for extra in ("api", "parse", "sources"):  # only when set: older requests' keys stay what they were
+        if row.get(extra) is not None and (extra != "api" or row[extra] == RESPONSES_API):
+            keyed[extra] = row[extra]
     return "sha256:" + _digest(keyed)[:40]
 
 
@@ -321,6 +361,7 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
         raise EnqueueError(f"custom_id must be a string, got {type(custom_id).__name__}")
     if custom_id is not None and not 1 <= len(str(custom_id)) <= KEY_MAX_CHARS:
         raise EnqueueError(f"custom_id must be 1 to {KEY_MAX_CHARS} characters, got {len(str(custom_id))}")
+    ledger_fields = _ledger_fields(obj, defaults)
     provider = api = None
     if "body" in obj:  # OpenAI Batch input line
         body = obj["body"]
@@ -341,8 +382,10 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
             api = RESPONSES_API
     if not isinstance(body, dict):
         raise EnqueueError("request body is not a JSON object")
+    if body is obj:  # a bare body: the ledger's own keys are not the provider's
+        body = {k: v for k, v in body.items() if k not in LEDGER_LINE_KEYS}
     if api == RESPONSES_API:
-        return _responses_spec(body, custom_id, defaults)
+        return _responses_spec(body, custom_id, defaults, ledger_fields)
     if "messages" not in body:
         raise EnqueueError("missing 'messages'")
     system = body.get("system")
@@ -356,6 +399,7 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
         "idempotency_key": str(custom_id) if custom_id is not None else None,
         "trace": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
         "job_id": defaults.job_id,
+        **ledger_fields,
     }
     if defaults.delivery is not None:
         fields["delivery"] = defaults.delivery
@@ -366,7 +410,21 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
     return build_spec(**fields)
 
 
-def _responses_spec(body: dict[str, Any], custom_id: Any, defaults: Defaults) -> RequestSpec:
+# A line's top-level keys that are the ledger's, not the provider's (in every shape).
+LEDGER_LINE_KEYS = frozenset({"parse", "score_range", "sources"})
+
+
+def _ledger_fields(obj: dict[str, Any], defaults: Defaults) -> dict[str, Any]:
+    """The ledger's own keys of a line (`parse`, `score_range`, `sources`), with `--parse` over them."""
+    found = {k: obj[k] for k in LEDGER_LINE_KEYS if k in obj}
+    if defaults.parse is not None:
+        found["parse"] = defaults.parse
+    return found
+
+
+def _responses_spec(
+    body: dict[str, Any], custom_id: Any, defaults: Defaults, ledger_fields: dict[str, Any]
+) -> RequestSpec:
     """A Responses API body (`input`, `instructions`, `text.format`, ...) as a spec: a string
     input is one user message; a JSON schema in `text.format` is the response format."""
     if "input" not in body:
@@ -403,6 +461,7 @@ def _responses_spec(body: dict[str, Any], custom_id: Any, defaults: Defaults) ->
         "trace": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
         "job_id": defaults.job_id,
         "api": RESPONSES_API,
+        **ledger_fields,
     }
     if defaults.delivery is not None:
         fields["delivery"] = defaults.delivery

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from ledger.enqueue import RequestSpec, build_spec
-from ledger.parsing import RejectedEntry, evaluation_schema, parse_structured, parse_verdict
+from ledger.parsing import RejectedEntry, cut_off, evaluation_schema, parse_structured, parse_verdict
 from ledger.spec import AgentSpec, DimensionSpec, JobSpec
 from ledger.statuses import OPEN_STATUSES, Delivery, RequestStatus
 
@@ -170,7 +170,7 @@ def _structured_entries(row: dict[str, Any], ids: list[str], out: Plan) -> dict[
             d: {"score": e.score, "argument": e.argument, "cited_evidence": list(e.cited_evidence)}
             for d, e in parsed.entries.items()
         },
-        "parse_error": cut_off(row, error),
+        "parse_error": cut_off(error, row.get("finish_reason"), row.get("params")),
     }
     if parsed.rejected:
         out.rejected[row["id"]] = parsed.rejected
@@ -183,7 +183,7 @@ def _single_opinion(agent: AgentSpec, dimension: DimensionSpec, row: dict[str, A
         opinion["error_line"] = failure_line(agent.name, dimension.id, row)
         return opinion
     verdict = parse_verdict(row.get("raw_output"))
-    error = cut_off(row, verdict.error)
+    error = cut_off(verdict.error, row.get("finish_reason"), row.get("params"))
     out.derived[row["id"]] = {
         "reasoning": verdict.reasoning,
         "verdict_text": verdict.verdict_text,
@@ -193,16 +193,6 @@ def _single_opinion(agent: AgentSpec, dimension: DimensionSpec, row: dict[str, A
     opinion = _opinion(agent, dimension, row, verdict.score, verdict.reasoning, [])
     opinion["parse_error"] = error
     return opinion
-
-
-def cut_off(row: dict[str, Any], error: str | None) -> str | None:
-    """A parse error, saying so when the answer was cut off at its output limit (finish reason
-    `length`): the parser is not to blame, the request's max_tokens is."""
-    if error is None or row.get("finish_reason") != "length":
-        return error
-    params = row.get("params") or {}
-    limit = params.get("max_tokens") or params.get("max_completion_tokens") or params.get("max_output_tokens")
-    return f"answer cut off at max_tokens ({limit if limit else 'the provider default'}): {error}"
 
 
 def _opinion(

@@ -18,6 +18,7 @@ import anyio
 
 from adapters.base import Adapter, CallRequest, CallResult, ProviderError, RateLimits
 from ledger import events
+from ledger.parsing import derive
 from ledger.pools import CALLS_OUT
 from ledger.prices import PriceTable, input_bytes, most_tokens
 from ledger.record import DbLane, Recorder
@@ -178,6 +179,7 @@ async def execute(
                     cost,
                     _window(result.limits, ctx.policy.max_delay),
                     result if ctx.keep_response else replace(result, response=None),
+                    _derived(request, result),
                 )
             )
             return
@@ -256,6 +258,19 @@ async def _call_within(
     finally:
         deadlines.end(key)
         CALLS_OUT.add(pool, -1)
+
+
+def _derived(request: ClaimedRequest, result: CallResult) -> dict[str, Any] | None:
+    """The answer parsed as its request says (`parse`), to be written with it; None: not parsed here."""
+    if request.parse is None:
+        return None
+    return derive(
+        request.parse,
+        result.text,
+        response_format=request.response_format,
+        finish_reason=result.finish_reason,
+        params=request.params,
+    )
 
 
 def _window(limits: RateLimits | None, max_wait: float) -> PoolWindow | None:

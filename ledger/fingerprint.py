@@ -35,7 +35,7 @@ BODY_FIELDS = (
 # A request for OpenAI's Responses API asks something else than the same input as chat.
 RESPONSES = "responses"
 # The columns stored as JSON: an enqueue sends them as this text (`canonical`).
-JSON_FIELDS = ("input", "params", "response_format", "trace")
+JSON_FIELDS = ("input", "params", "response_format", "trace", "sources")
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -66,6 +66,10 @@ def body_hash(row: Mapping[str, Any], texts: Mapping[str, str] | None = None) ->
     parts = [given[f] if f in given else canonical(row.get(f)) for f in BODY_FIELDS]
     if row.get("api") == RESPONSES:  # only then: every other row's hash stays what it was before `api`
         parts.append(RESPONSES)
+    for extra in ("parse", "sources"):  # likewise: only when set (migration 0009)
+        if row.get(extra) is not None:
+            value = given.get(extra) or canonical(row.get(extra))
+            parts.append(f"{extra}={value}")
     return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -74,4 +78,5 @@ def differing_fields(ours: Mapping[str, Any], stored: Mapping[str, Any]) -> list
     found = [f for f in BODY_FIELDS if canonical(ours.get(f)) != canonical(stored.get(f))]
     if (ours.get("api") == RESPONSES) != (stored.get("api") == RESPONSES):
         found.append("api")
+    found += [f for f in ("parse", "sources") if canonical(ours.get(f)) != canonical(stored.get(f))]
     return found

@@ -120,6 +120,7 @@ class Intake:
         return Entry(pos, row["idempotency_key"], row["body_hash"], row["job_id"], custom, values)
 
     def _add(self, staging: Staging, block: list[Entry]) -> None:
+        self._check_sources(block)
         clash = staging.add(block)
         if clash is not None:
             entry, first = clash
@@ -129,6 +130,18 @@ class Intake:
                     f"{self._key(entry)} was already used with a different body ({self.positions.ref(first.pos)})",
                 )
             )
+
+    def _check_sources(self, block: list[Entry]) -> None:
+        """Every source a request names is a request in the ledger (one look per block)."""
+        at = self.columns.index("sources")
+        named = [(e.pos, json.loads(e.values[at])) for e in block if e.values[at] not in (None, "null")]
+        if not named:
+            return
+        missing = set(self.store.missing_requests(s for _, sources in named for s in sources))
+        for pos, sources in named:
+            gone = next((s for s in sources if s in missing), None)
+            if gone is not None:
+                raise EnqueueError(self._at(pos, f"sources: request {gone} is not in the ledger"))
 
     def _check_ledger(self, staging: Staging) -> int:
         """Step 2: keys the ledger holds with another body stop the enqueue; those it holds with

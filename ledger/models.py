@@ -228,6 +228,12 @@ class LlmRequest(SQLModel, table=True):
     cached_input_tokens: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     cache_write_tokens: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     reasoning_tokens: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    # How the answer is parsed (migration 0009): `verdict` (or `verdict:LOW-HIGH`, its score
+    # range) or `json`; NULL: not parsed here (an evaluation job's coordinator parses its own).
+    parse: str | None = Field(default=None, sa_column=Column(String(40), nullable=True))
+    parsed: Any | None = _json()  # parse = json: the answer's JSON value
+    # The requests this one was built from (lineage), as given; indexed both ways in llm_request_sources.
+    sources: list[int] | None = _json()
     # Budget: the worst-case cost (price x (input estimate + max_tokens)), fixed at enqueue;
     # reserved while a call may be spending it (set by the claim, cleared by the outcome).
     estimate_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
@@ -245,6 +251,16 @@ class LlmRequest(SQLModel, table=True):
 # so a claim reads a handful of index entries however many rows are queued.
 _req = LlmRequest.__table__  # type: ignore[attr-defined]
 Index("ix_llm_requests_claim", _req.c.status, _req.c.delivery, _req.c.priority.desc(), _req.c.fair_seq, _req.c.id)
+
+
+class LlmRequestSource(SQLModel, table=True):
+    """Lineage: request `request_id` was built from request `source_id` (one row per source)."""
+
+    __tablename__ = "llm_request_sources"
+    __table_args__ = (Index("ix_llm_request_sources_source", "source_id"),)
+
+    request_id: int = Field(sa_column=Column(IdType, ForeignKey("llm_requests.id"), primary_key=True))
+    source_id: int = Field(sa_column=Column(IdType, ForeignKey("llm_requests.id"), primary_key=True))
 
 
 class LlmAttempt(SQLModel, table=True):

@@ -170,16 +170,25 @@ def parse_structured(raw: str | None, dimension_ids: Sequence[str]) -> Structure
     return StructuredParse(entries, tuple(rejected), tuple(d for d in asked if d not in found), None)
 
 
-def _document(raw: str | None) -> tuple[list[Any], str | None]:
-    """The `evaluations` array of the output (bare or in a ```json fence), or why not."""
+def json_value(raw: str | None) -> tuple[Any, str | None]:
+    """The JSON value an output holds (bare or in a ```json fence), or why there is none."""
     text = (raw or "").strip()
     if not text:
-        return [], "empty output"
+        return None, "empty output"
     fenced = re.fullmatch(r"```[a-zA-Z]*\s*\n(.*?)\n?\s*```", text, re.DOTALL)
     try:
-        value = json.loads(fenced[1] if fenced else text)
+        return json.loads(fenced[1] if fenced else text), None
     except json.JSONDecodeError as exc:
-        return [], f"output is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        return None, f"output is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        return None, "output is not JSON: nested too deeply"
+
+
+def _document(raw: str | None) -> tuple[list[Any], str | None]:
+    """The `evaluations` array of the output (bare or in a ```json fence), or why not."""
+    value, error = json_value(raw)
+    if error is not None:
+        return [], error
     items = value.get(STRUCTURED_ARRAY_KEY) if isinstance(value, dict) else None
     if not isinstance(items, list):
         return [], f'output has no "{STRUCTURED_ARRAY_KEY}" array'
@@ -209,3 +218,99 @@ def _entry(item: Any, asked: Sequence[str]) -> tuple[StructuredEntry | None, str
 
 def _truncate(text: str) -> str:
     return text if len(text) <= RAW_LIMIT else text[:RAW_LIMIT] + f"… [{len(text) - RAW_LIMIT} more chars]"
+
+
+# -- a parser per request -----------------------------------------------------------------
+
+PARSERS = ("verdict", "json")
+
+
+def parse_name(kind: str, score_range: tuple[int, int] | None = None) -> str:
+    """How a request's `parse` column names its parser: `verdict`, `verdict:LOW-HIGH` (a score
+    range other than 1-5), or `json`."""
+    if kind == "verdict" and score_range is not None and tuple(score_range) != (SCORE_LOW, SCORE_HIGH):
+        return f"verdict:{score_range[0]}-{score_range[1]}"
+    return kind
+
+
+def read_parse_name(name: str) -> tuple[str, int, int]:
+    """(parser, low, high) of a `parse` column's value."""
+    kind, _, scale = name.partition(":")
+    if not scale:
+        return kind, SCORE_LOW, SCORE_HIGH
+    low, _, high = scale.rpartition("-")
+    return kind, int(low), int(high)
+
+
+def derive(
+    parse: str,
+    raw: str | None,
+    *,
+    response_format: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+    params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The derived fields of a request whose answer is parsed by `parse` (its column's value):
+    `verdict` gives reasoning, verdict text and score (`parsed_verdict`); `json` gives the
+    answer's JSON value (`parsed`), checked against the request's JSON schema when it has one.
+    A failure sets `parse_error` (said to be a cut-off when the answer was one) and leaves the
+    raw output as it is."""
+    kind, low, high = read_parse_name(parse)
+    fields: dict[str, Any]
+    if kind == "json":
+        value, error = json_value(raw)
+        if error is None:
+            error = schema_problem(value, response_format)
+        fields = {"reasoning": None, "verdict_text": None, "parsed_verdict": None}
+        fields |= {"parsed": None if error else value, "parse_error": error}
+    else:
+        verdict = parse_verdict(raw, low=low, high=high)
+        fields = {
+            "reasoning": verdict.reasoning,
+            "verdict_text": verdict.verdict_text,
+            "parsed_verdict": verdict.score,
+            "parse_error": verdict.error,
+            "parsed": None,
+        }
+    fields["parse_error"] = cut_off(fields["parse_error"], finish_reason, params)
+    return fields
+
+
+def schema_problem(value: Any, response_format: dict[str, Any] | None) -> str | None:
+    """Why a JSON value does not conform to a request's JSON schema (None: it does, or the
+    request has none). The response format is chat's (`json_schema.schema`) or a bare schema."""
+    schema = _schema_of(response_format)
+    if schema is None:
+        return None
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        error = next(iter(sorted(Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path))), None)
+    except SchemaError as exc:
+        return f"the response format's schema is not valid: {exc.message}"
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "(the whole value)"
+    return f"does not match the schema at {where}: {error.message}"
+
+
+def _schema_of(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not isinstance(response_format, dict):
+        return None
+    if response_format.get("type") == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        return schema if isinstance(schema, dict) else None
+    if response_format.get("type") in ("json_object", "text"):
+        return None
+    return response_format  # a bare schema
+
+
+def cut_off(error: str | None, finish_reason: str | None, params: dict[str, Any] | None) -> str | None:
+    """A parse error, saying so when the answer was cut off at its output limit (finish reason
+    `length`): the parser is not to blame, the request's max_tokens is."""
+    if error is None or finish_reason != "length":
+        return error
+    given = params or {}
+    limit = given.get("max_tokens") or given.get("max_completion_tokens") or given.get("max_output_tokens")
+    return f"answer cut off at max_tokens ({limit if limit else 'the provider default'}): {error}"

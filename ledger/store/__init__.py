@@ -11,13 +11,14 @@ from ledger.store.commit import any_row
 from ledger.store.dialect import Dialect
 from ledger.store.intake import IntakeQueries
 from ledger.store.jobs import ACTIVE_JOBS, JobQueries
+from ledger.store.lineage import LineageQueries
 from ledger.store.queue import REQUESTS_LEFT, EnqueueResult, QueueQueries
 from ledger.store.schema import DatabaseError, open_engine
 
 __all__ = ["DatabaseError", "EnqueueResult", "Store"]
 
 
-class Store(QueueQueries, IntakeQueries, BatchQueries, BatchResultQueries, JobQueries, AuditQueries):
+class Store(QueueQueries, IntakeQueries, BatchQueries, BatchResultQueries, JobQueries, AuditQueries, LineageQueries):
     """Issues every query the ledger makes, on an engine whose schema is at head."""
 
     engine: Engine

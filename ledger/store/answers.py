@@ -15,7 +15,7 @@ from sqlalchemy import JSON, Integer, String, Text, column
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.expression import ColumnClause
 
-from ledger.store.dialect import storable
+from ledger.store.dialect import db_now, storable
 
 
 def answer_columns() -> list[ColumnClause[Any]]:
@@ -68,4 +68,40 @@ def answer_row(answer: Any) -> dict[str, Any]:
         "refusal": storable(answer.refusal),
         "thinking": storable(answer.thinking),
         "resp": answer.response,
+    }
+
+
+def derived_columns() -> list[ColumnClause[Any]]:
+    """A parsed answer's fields (`ledger.parsing.derive`), written with the answer."""
+    return [
+        column("reasoning", Text),
+        column("verdict_text", Text),
+        column("verdict", JSONB),
+        column("perror", Text),
+        column("parsed", JSONB),
+    ]
+
+
+def derived_values(v: Any) -> dict[str, Any]:
+    """Request column -> the bound set's column for a parsed answer's fields; `parsed_at` now."""
+    return {
+        "reasoning": v.reasoning,
+        "verdict_text": v.verdict_text,
+        "parsed_verdict": v.verdict,
+        "parse_error": v.perror,
+        "parsed": v.parsed,
+        "parsed_at": db_now(),
+    }
+
+
+def derived_row(request_id: int, derived: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """A parsed answer's fields as one row of a `derived_columns` set (texts made storable)."""
+    return {
+        "id": request_id,
+        "reasoning": storable(derived.get("reasoning")),
+        "verdict_text": storable(derived.get("verdict_text")),
+        "verdict": derived.get("parsed_verdict"),
+        "perror": storable(derived.get("parse_error")),
+        "parsed": derived.get("parsed"),
+        **more,
     }

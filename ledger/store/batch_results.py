@@ -31,7 +31,14 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.statuses import AttemptOutcome, RequestStatus
-from ledger.store.answers import answer_columns, answer_row, answer_values
+from ledger.store.answers import (
+    answer_columns,
+    answer_row,
+    answer_values,
+    derived_columns,
+    derived_row,
+    derived_values,
+)
 from ledger.store.batches import SUBMITTED, BatchLease, _fence, _in_batch, _status, batches
 from ledger.store.claim import QUEUED, attempts, requests
 from ledger.store.commit import transaction
@@ -54,6 +61,7 @@ class LineOutcome:
     error_code: str | None = None
     message: str | None = None
     retryable: bool = False
+    derived: dict[str, Any] | None = None  # succeeded, and the request has a `parse`: its fields
 
 
 @dataclass
@@ -109,6 +117,13 @@ _ENDED = bound_rows(
     column("delay", Float),
 )
 _v_ok, _v_fail, _v_end = _SUCCEEDED.c, _FAILED.c, _ENDED.c
+_PARSED = bound_rows("d", "b_derived", column("id", BigInteger), *derived_columns())
+# A parsed answer's fields, on the rows this chunk completed (still in this batch).
+_MAP_DERIVED = (
+    update(requests)
+    .where(_r.id == _PARSED.c.id, _in_batch, _status == RequestStatus.COMPLETED.value)
+    .values(**derived_values(_PARSED.c))
+)
 
 _MAP_SUCCEEDED = (
     update(requests)
@@ -300,16 +315,19 @@ def _map_in(
                 "delay": delay,
             }
         )
-    if succeeded:
-        params = {**_SUCCEEDED.bind(succeeded), "b_batch": batch_id}
-        mapped.completed = dialect.execute(conn, _MAP_SUCCEEDED, params).rowcount
-    if failed:
-        params = {**_FAILED.bind(failed), "b_batch": batch_id}
-        statuses = list(dialect.execute(conn, _MAP_FAILED, params).scalars())
-        mapped.retried = statuses.count(QUEUED)
-        mapped.failed = len(statuses) - mapped.retried
-    if ended:
-        dialect.execute(conn, _CLOSE_ATTEMPTS, {**_ENDED.bind(ended), "b_batch": batch_id})
+    for part in dialect.in_parts(succeeded, len(_SUCCEEDED.column_names)):
+        params = {**_SUCCEEDED.bind(part), "b_batch": batch_id}
+        mapped.completed += dialect.execute(conn, _MAP_SUCCEEDED, params).rowcount
+    parsed = [derived_row(x.request_id, x.derived) for x in lines if x.kind == "succeeded" and x.derived]
+    for part in dialect.in_parts(parsed, len(_PARSED.column_names)):
+        dialect.execute(conn, _MAP_DERIVED, {**_PARSED.bind(part), "b_batch": batch_id})
+    for part in dialect.in_parts(failed, len(_FAILED.column_names)):
+        statuses = list(dialect.execute(conn, _MAP_FAILED, {**_FAILED.bind(part), "b_batch": batch_id}).scalars())
+        retried = statuses.count(QUEUED)
+        mapped.retried += retried
+        mapped.failed += len(statuses) - retried
+    for part in dialect.in_parts(ended, len(_ENDED.column_names)):
+        dialect.execute(conn, _CLOSE_ATTEMPTS, {**_ENDED.bind(part), "b_batch": batch_id})
     mapped.requeued = _requeue(conn, batch_id, [x.request_id for x in lines if x.kind in ("expired", "canceled")])
     mapped.kept = len(lines) - mapped.completed - mapped.failed - mapped.retried - mapped.requeued
     return mapped

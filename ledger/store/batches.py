@@ -206,6 +206,15 @@ class BatchQueries:
             found = {row.id: row for row in conn.execute(query, {"b_ids": list(ids)})}
         return [found[i] for i in ids if i in found]
 
+    def batch_parsers(self, batch_id: int) -> dict[int, tuple[str, Any, Any]]:
+        """The batch's requests that are parsed when their answer comes: id -> (parse, response
+        format, params). Read once before its results are mapped (most batches have none)."""
+        query = select(_r.id, _r.parse, _r.response_format, _r.params).where(
+            _r.batch_id == batch_id, _r.parse.is_not(None)
+        )
+        with reading(self.engine) as conn:
+            return {row.id: (row.parse, row.response_format, row.params) for row in conn.execute(query)}
+
     def batch_request_ids(self, batch_id: int) -> list[int]:
         """The requests attached to a batch and still waiting for it, in id order (its input's order)."""
         query = select(_r.id).where(_r.batch_id == batch_id, _r.status == SUBMITTED).order_by(_r.id)

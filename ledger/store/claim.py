@@ -81,6 +81,7 @@ CLAIMED_COLUMNS = (
     _c.response_format,
     _c.trace,
     _c.api,
+    _c.parse,
 )
 
 
@@ -99,6 +100,7 @@ def to_claimed(row: Any) -> ClaimedRequest:
         response_format=read_json_column(row.response_format),
         stored_trace=row.trace,
         api=row.api,
+        parse=row.parse,
     )
 
 

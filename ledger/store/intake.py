@@ -14,6 +14,7 @@ body hashes are compared with the chunk's, and a different body aborts the chunk
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from ledger.fingerprint import BODY_FIELDS, body_hash
 from ledger.models import Job, LlmRequest
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import Dialect
+from ledger.store.lineage import link_sources
 from ledger.store.queue import max_fair_seq, queued_count
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -42,13 +44,16 @@ ROW_COLUMNS = (
     "estimate_usd",
     "token_estimate",
     "api",
+    "parse",
+    "sources",
 )
+_KEY_AT, _SOURCES_AT = ROW_COLUMNS.index("idempotency_key"), ROW_COLUMNS.index("sources")
 _KNOWN = select(requests.c.id, requests.c.idempotency_key, requests.c.body_hash).where(
     requests.c.idempotency_key.in_(bindparam("b_keys", expanding=True))
 )
-_BODIES = select(requests.c.id, *[requests.c[f] for f in BODY_FIELDS], requests.c.api).where(
-    requests.c.id.in_(bindparam("b_ids", expanding=True))
-)
+_BODIES = select(
+    requests.c.id, *[requests.c[f] for f in BODY_FIELDS], requests.c.api, requests.c.parse, requests.c.sources
+).where(requests.c.id.in_(bindparam("b_ids", expanding=True)))
 # Keys per lookup: far below both databases' limits on bound parameters.
 KEYS_PER_LOOKUP = 1000
 
@@ -112,6 +117,9 @@ class IntakeQueries:
             for job_id in sorted(job_ids):
                 conn.execute(self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"})
             new = self.dialect.insert_rows(conn, requests, ROW_COLUMNS, rows, key="idempotency_key")
+            if any(row[_SOURCES_AT] not in (None, "null") for row in rows):
+                sources = {row[_KEY_AT]: json.loads(row[_SOURCES_AT]) for row in rows if row[_SOURCES_AT] is not None}
+                link_sources(conn, ((rid, sources.get(key)) for rid, key in new))
             added = {key for _, key in new}
             skipped = [key for key in hashes if key not in added]
             if skipped:

@@ -36,10 +36,18 @@ from sqlalchemy.sql.expression import ColumnClause
 from ledger.models import Job
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pools as pool_state
-from ledger.store.answers import answer_columns, answer_row, answer_values
+from ledger.store.answers import (
+    answer_columns,
+    answer_row,
+    answer_values,
+    derived_columns,
+    derived_row,
+    derived_values,
+)
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import db_now, db_now_plus, storable, unindexed
+from ledger.store.lineage import link_sources
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater, Written
 
@@ -122,6 +130,20 @@ def _outcome_columns() -> list[ColumnClause[Any]]:
     ]
 
 
+# Answers parsed where they were received (a request with `parse`): their derived fields, in a
+# statement of their own, so a group without any pays nothing for them.
+_D = bound_rows(
+    "d", "b_derived", column("id", BigInteger), column("token", BigInteger), *derived_columns(), keys="b_derived_ids"
+)
+_WRITE_DERIVED = (
+    update(requests)
+    .where(
+        _D.match(requests.c.id),
+        requests.c.lease_token == _D.c.token,
+        unindexed(requests.c.status) == RequestStatus.COMPLETED.value,
+    )
+    .values(**derived_values(_D.c))
+)
 _V = bound_rows("v", "b_rows", *_outcome_columns(), keys="b_row_ids")  # the outcomes of one kind (request rows)
 _VA = bound_rows("va", "b_attempts", *_outcome_columns(), keys="b_attempt_ids")  # the whole group (attempt rows)
 _v, _va = _V.c, _VA.c
@@ -320,7 +342,11 @@ class QueueQueries(ClaimQueries):
             .values(created_at=db_now(), updated_at=db_now(), next_attempt_at=db_now())
             .returning(requests.c.id, requests.c.idempotency_key, requests.c.trace)
         )
-        return [dict(r._mapping) for r in conn.execute(stmt, batch)]
+        new = [dict(r._mapping) for r in conn.execute(stmt, batch)]
+        sources = {row["idempotency_key"]: row.get("sources") for row in batch if row.get("sources")}
+        if sources:
+            link_sources(conn, ((row["id"], sources.get(row["idempotency_key"])) for row in new))
+        return new
 
     # -- record ----------------------------------------------------------------
 
@@ -373,6 +399,13 @@ class QueueQueries(ClaimQueries):
                 reads = None
             else:
                 written = [Written.APPLIED] * len(outcomes)
+            parsed = [
+                derived_row(o.request.id, o.derived, token=o.request.token)
+                for o, w in zip(outcomes, written, strict=True)
+                if w is Written.APPLIED and isinstance(o, Completed) and o.derived is not None
+            ]
+            if parsed:
+                self.dialect.execute(conn, _WRITE_DERIVED, _D.bind(parsed))
             if not quiet:
                 pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
             # Answers per pool: they count towards probing a learned limit up, and they prove a

@@ -67,8 +67,13 @@ class RowSet:
         )
 
 
+# One encoder for every JSON value a VALUES list binds (an answer's body: one a row of a batch's
+# results): `json.dumps` with its own separators builds an encoder at every call.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
 def _json_text(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
+    return None if value is None else _ENCODE(value)
 
 
 class RowSetType(String):

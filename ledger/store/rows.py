@@ -31,6 +31,7 @@ class ClaimedRequest:
     # never parses it. Parsed in the claim, it was a fifth of `to_claimed` (issue 9).
     stored_trace: dict[str, Any] | str | None
     api: str | None = None  # chat | responses | messages (None: enqueued before migration 0008)
+    parse: str | None = None  # how its answer is parsed when it comes (None: not here)
 
     @cached_property
     def trace(self) -> dict[str, Any]:
@@ -107,6 +108,8 @@ class Completed:
     # The answer whole (`adapters.base.CallResult`): finish reason, tool calls, refusal,
     # thinking, usage breakdown and the body as received (`store/answers.py` writes them).
     answer: Any = None
+    # The request's `parse` applied to the answer (`ledger.parsing.derive`): written with it.
+    derived: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
