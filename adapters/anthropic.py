@@ -73,7 +73,8 @@ class AnthropicAdapter:
         raise_error_in_body(message, response.status_code)  # Anthropic's: {"type": "error", "error": {...}}
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             raise malformed("response has no content list", response.status_code)
-        return with_rate_limits(message_result(message), response.headers, body["max_tokens"])
+        result = message_result(message, response.status_code, response.text)
+        return with_rate_limits(result, response.headers, body["max_tokens"])
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -90,7 +91,7 @@ _FINISH = {
 }
 
 
-def message_result(message: Any, status_code: int = 200) -> CallResult:
+def message_result(message: Any, status_code: int = 200, body_text: str | None = None) -> CallResult:
     """A Messages API answer, whole (online and in batches): text blocks joined, `tool_use` blocks
     as tool calls, `thinking` blocks as thinking; input tokens counted in full (cache reads and
     cache writes are input the model read, billed at their own rates)."""
@@ -130,4 +131,5 @@ def message_result(message: Any, status_code: int = 200) -> CallResult:
         cached_input_tokens=read,
         cache_write_tokens=written,
         response=message,
+        response_text=body_text,
     )

@@ -27,6 +27,7 @@ from adapters.base import (
     ProviderBatch,
     ReconcileLater,
     compact_json,
+    json_and_text_at,
     nonblank_lines,
     sdk_errors,
 )
@@ -134,12 +135,12 @@ class AnthropicBatches:
 
 
 def result_line(line: str | bytes) -> BatchLine:
-    obj = json.loads(line)
+    obj, message_text = json_and_text_at(line, ("result", "message"))
     custom_id = str(obj.get("custom_id"))
     result = obj.get("result") or {}
     kind = result.get("type")
     if kind == "succeeded":
-        return BatchLine(custom_id, "succeeded", message_result(result.get("message")), 200)
+        return BatchLine(custom_id, "succeeded", message_result(result.get("message"), 200, message_text), 200)
     if kind in ("expired", "canceled"):
         return BatchLine(custom_id, kind, error_code=f"batch_{kind}")
     error = (result.get("error") or {}).get("error") or {}

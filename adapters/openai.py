@@ -68,7 +68,7 @@ class OpenAIAdapter:
             path, body, read = "/chat/completions", chat_body(request), completion_result
         with sdk_errors(openai, message=_short):
             response = await self._client.post(path, cast_to=httpx2.Response, body=body, options={"timeout": timeout})
-        result = read(json_body(response.text, response.status_code), response.status_code)
+        result = read(json_body(response.text, response.status_code), response.status_code, response.text)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
         return with_rate_limits(result, response.headers, max_tokens)
 
@@ -91,7 +91,7 @@ _FINISH = {
 }
 
 
-def completion_result(data: Any, status_code: int = 200) -> CallResult:
+def completion_result(data: Any, status_code: int = 200, body_text: str | None = None) -> CallResult:
     """A parsed chat completion body as a result (online answers and batch output lines alike):
     its text, tool calls, refusal, the `reasoning_content` some OpenAI-compatible servers send,
     and the usage in full; the body itself kept as received."""
@@ -130,6 +130,7 @@ def completion_result(data: Any, status_code: int = 200) -> CallResult:
         cached_input_tokens=token_count(prompt_details.get("cached_tokens")),
         reasoning_tokens=token_count(completion_details.get("reasoning_tokens")),
         response=data,
+        response_text=body_text,
     )
 
 

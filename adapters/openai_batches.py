@@ -23,6 +23,7 @@ from adapters.base import (
     ProviderBatch,
     ProviderError,
     compact_json,
+    json_and_text_at,
     nonblank_lines,
     sdk_errors,
 )
@@ -119,7 +120,7 @@ def endpoint_of(path: Path) -> Any:
 
 def result_line(line: str | bytes) -> BatchLine:
     """One line of an output or error file."""
-    obj = json.loads(line)
+    obj, body_text = json_and_text_at(line, ("response", "body"))
     custom_id = str(obj.get("custom_id"))
     response = obj.get("response") or {}
     error = obj.get("error") or {}
@@ -128,7 +129,7 @@ def result_line(line: str | bytes) -> BatchLine:
         body = response.get("body")
         read = responses_result if isinstance(body, dict) and body.get("object") == "response" else completion_result
         try:
-            result = read(body, 200)
+            result = read(body, 200, body_text)
         except ProviderError as exc:
             return BatchLine(
                 custom_id,

@@ -61,7 +61,7 @@ def chat_response_format(text_format_: Any) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {k: v for k, v in text_format_.items() if k != "type"}}
 
 
-def responses_result(data: Any, status_code: int = 200) -> CallResult:
+def responses_result(data: Any, status_code: int = 200, body_text: str | None = None) -> CallResult:
     """A Responses API body as a result (online answers and batch output lines alike)."""
     raise_error_in_body(data, status_code)
     if not isinstance(data, dict) or not isinstance(data.get("output"), list):
@@ -123,4 +123,5 @@ def responses_result(data: Any, status_code: int = 200) -> CallResult:
         cached_input_tokens=token_count(input_details.get("cached_tokens")),
         reasoning_tokens=token_count(output_details.get("reasoning_tokens")),
         response=data,
+        response_text=body_text,
     )

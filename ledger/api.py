@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,39 @@ class Ledger:
 
     async def atrigger(self, spec: JobSpec | str | Path | Mapping[str, Any]) -> Staged:
         return await anyio.to_thread.run_sync(lambda: self.trigger(spec))
+
+    def reparse(self, job_id: str) -> int:
+        """Recompute the derived fields of a job's requests from their stored answers (and, for an
+        evaluation job, its opinions); no provider call. Returns how many requests were parsed."""
+        from ledger.jobs import is_evaluation, reparse, reparse_requests
+
+        parsed = reparse_requests(self.store, job_id)
+        if is_evaluation(self.store.get_job(job_id)):
+            reparse(self.store, job_id)
+        return parsed
+
+    def lineage(self, request_id: int) -> list[dict[str, Any]]:
+        """Every request behind `request_id` (its sources, theirs, ...), nearest first, with `depth`."""
+        return self.store.lineage(request_id)
+
+    @asynccontextmanager
+    async def working(self) -> AsyncIterator[bool]:
+        """Within the block, queued requests are worked on: by the daemons serving this database or,
+        when none is alive, by one run here until the block ends (as `ledger eval --wait` does).
+        Yields whether it runs here. A stage awaits its results inside it."""
+        from ledger.daemon import run_daemon
+
+        alive = await anyio.to_thread.run_sync(self.store.live_daemons, self.settings.lease_seconds)
+        if alive:
+            yield False
+            return
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: run_daemon(self.settings, stop=stop, handle_signals=False))
+            try:
+                yield True
+            finally:
+                stop.set()
 
     def wait(self, target: Sequence[int] | str, *, timeout: float | None = None) -> list[dict[str, Any]]:
         """Block until every request (ids, or all of a job id's) is settled; return their rows.

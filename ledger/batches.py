@@ -519,7 +519,7 @@ def _outcome(
                 parse, answer.text, response_format=response_format, finish_reason=answer.finish_reason, params=params
             )
         if not keep_response:
-            answer = replace(answer, response=None)
+            answer = replace(answer, response=None, response_text=None)
     return LineOutcome(
         request_id,
         line.kind,

@@ -65,6 +65,10 @@ def enqueue(
     ] = None,
     job: Annotated[str | None, typer.Option(help="Job id the requests belong to.")] = None,
     priority: Annotated[int | None, typer.Option(help="Higher runs sooner (default 0).")] = None,
+    parse: Annotated[
+        str | None,
+        typer.Option(help="Parse every answer as it comes: verdict (reasoning + VERDICT line) or json."),
+    ] = None,
 ) -> None:
     """Queue every line of FILE; lines seen before (same custom_id, same body) are skipped.
 
@@ -77,7 +81,9 @@ def enqueue(
     settings = settings_or_exit()
     configure_logs(settings)
     store = open_store(settings)
-    defaults = Defaults(provider=provider, model=model, delivery=delivery, job_id=job, priority=priority)
+    if parse is not None and parse not in ("verdict", "json"):
+        fail(f"--parse: unknown parser {parse!r} (known: verdict, json)")
+    defaults = Defaults(provider=provider, model=model, delivery=delivery, job_id=job, priority=priority, parse=parse)
     with operator_errors():
         result = enqueue_file(store, settings, file, defaults)
     announce(result)
@@ -129,6 +135,7 @@ def show(
         sys.stdout.write(json.dumps(found, default=json_default, indent=2) + "\n")
         return
     attempts = found.pop("attempt_rows")
+    lineage = store.sources_of(request_id)
     if found.get("batch_id") is not None:
         batch_row = store.get_batch(found["batch_id"])
         if batch_row is not None:
@@ -142,6 +149,9 @@ def show(
         if value is not None and key not in _SHOWN_APART:
             out.print(f"[bold]{key}[/]: {text_of(value)}", highlight=False)
     _print_answer(found)
+    if lineage["sources"] or lineage["built_from_it"]:
+        out.print(f"sources: {', '.join(map(str, lineage['sources'])) or '-'}", highlight=False)
+        out.print(f"built from it: {', '.join(map(str, lineage['built_from_it'])) or '-'}", highlight=False)
     table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in s", "started", "worker", "batch")
     for a in attempts:
         table.add_row(
@@ -172,6 +182,7 @@ _SHOWN_APART = frozenset(
         "refusal",
         "thinking",
         "response",
+        "sources",
     }
 )
 
@@ -263,6 +274,8 @@ def export_line(row: dict[str, Any]) -> dict[str, Any]:
         "verdict_text": row["verdict_text"],
         "parsed_verdict": row["parsed_verdict"],
         "parse_error": row["parse_error"],
+        "parsed": row["parsed"],
+        "sources": row["sources"],
         "usage": {
             "input_tokens": row["input_tokens"],
             "output_tokens": row["output_tokens"],

@@ -173,17 +173,30 @@ def print_scores(store: Any, job_id: str) -> None:
         out.print(f"job {job['status']}: {job['error']}", highlight=False, soft_wrap=True)
 
 
-def reparse(job_id: Annotated[str, typer.Argument(help="The job's id.", show_default=False)]) -> None:
-    """Recompute every derived field and opinion of a job from stored raw output (no provider call)."""
+def reparse(
+    job_id: Annotated[str | None, typer.Argument(help="The job's id (or --job).", show_default=False)] = None,
+    job: Annotated[str | None, typer.Option("--job", help="The job whose requests are parsed again.")] = None,
+) -> None:
+    """Recompute a job's derived fields (and an evaluation's opinions) from stored output: no provider call."""
+    from ledger.jobs import is_evaluation, reparse_requests
     from ledger.jobs import reparse as reparse_job
 
+    target = job or job_id
+    if target is None or (job is not None and job_id is not None and job != job_id):
+        fail("name one job: ledger reparse --job JOB (or ledger reparse JOB)")
     settings = settings_or_exit()
     store = open_store(settings)
     try:
-        written = reparse_job(store, job_id)
+        stored = store.get_job(target)
+        parsed = reparse_requests(store, target)
+        if is_evaluation(stored):
+            written = reparse_job(store, target)
+            said = f"reparsed job {target}: {written} opinions from stored output, no provider call"
+        else:
+            said = f"reparsed job {target}: {parsed} request(s) from stored output, no provider call"
     except (LookupError, ValueError) as exc:  # unknown job, or one still running
         fail(str(exc).strip("'\""), code=1)
-    out.print(f"reparsed job {job_id}: {written} opinions from stored output, no provider call", highlight=False)
+    out.print(said, highlight=False)
 
 
 def job_status(store: Any, settings: Settings) -> dict[str, Any]:

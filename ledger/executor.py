@@ -178,7 +178,7 @@ async def execute(
                     result.status_code,
                     cost,
                     _window(result.limits, ctx.policy.max_delay),
-                    result if ctx.keep_response else replace(result, response=None),
+                    result if ctx.keep_response else replace(result, response=None, response_text=None),
                     _derived(request, result),
                 )
             )

@@ -29,6 +29,7 @@ from adapters.registry import STRUCTURED_OUTPUT_PROVIDERS
 from ledger import events
 from ledger.enqueue import to_row
 from ledger.evaluation import Plan, elapsed_seconds, plan, requests_for, single_request
+from ledger.parsing import derive
 from ledger.record import DbLane
 from ledger.settings import Settings
 from ledger.spec import JobSpec
@@ -159,6 +160,29 @@ def _save(store: Store, job_id: str, found: Plan, requests: list[dict[str, Any]]
             )
 
 
+def reparse_requests(store: Store, job_id: str) -> int:
+    """Recompute the derived fields of a job's requests that name a parser (`parse`), from their
+    stored answers; no provider call. Any job: a pipeline stage's as well as an evaluation's.
+    Returns how many requests were parsed again."""
+    if store.get_job(job_id) is None:
+        raise LookupError(f"no job {job_id!r}")
+    derived = {
+        row["id"]: derive(
+            row["parse"],
+            row["raw_output"],
+            response_format=row["response_format"],
+            finish_reason=row["finish_reason"],
+            params=row["params"],
+        )
+        for row in store.parse_inputs(job_id)
+    }
+    return store.save_derived(derived)
+
+
+def is_evaluation(job: dict[str, Any] | None) -> bool:
+    return job is not None and isinstance(job.get("spec"), dict) and "job" in job["spec"]
+
+
 def reparse(store: Store, job_id: str) -> int:
     """Recompute every derived field and opinion of a job from stored raw output; no provider call.
 
@@ -166,8 +190,9 @@ def reparse(store: Store, job_id: str) -> int:
     provider): a cell without a final source keeps no opinion.
     """
     job = store.get_job(job_id)
-    if job is None or not isinstance(job.get("spec"), dict) or "job" not in job["spec"]:
+    if not is_evaluation(job):
         raise LookupError(f"no evaluation job {job_id!r}")
+    assert job is not None
     if job["status"] == JobStatus.RUNNING.value:
         raise JobStillRunning(f"job {job_id!r} is still running: reparse it once it has ended")
     rows = store.job_requests(job_id)

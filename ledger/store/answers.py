@@ -3,19 +3,20 @@ batch mapping (`batch_results.py`).
 
 An answer (`adapters.base.CallResult`) reaches the store as the values of one row of a
 `bound_rows` set: `answer_row` makes them, `ANSWER_COLUMNS` declares them, and `answer_values`
-says which request column each one fills. The body goes as a nested JSON value, never as an
-escaped string inside the set's JSON.
+says which request column each one fills. The body goes as the JSON text the provider sent
+(`CallResult.response_text`), never parsed and written out again.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from sqlalchemy import JSON, Integer, String, Text, column
+from sqlalchemy import Integer, String, Text, column
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.expression import ColumnClause
 
-from ledger.store.dialect import db_now, storable
+from ledger.store.dialect import db_now, json_text, storable
 
 
 def answer_columns() -> list[ColumnClause[Any]]:
@@ -29,7 +30,7 @@ def answer_columns() -> list[ColumnClause[Any]]:
         column("tools", JSONB),  # the tool_calls column is JSONB on PostgreSQL (queried in audits)
         column("refusal", Text),
         column("thinking", Text),
-        column("resp", JSON),  # the response column is plain JSON: the body's text as it came
+        column("resp", Text),  # the body's JSON text as it came (a JSON column: `json_text`)
     ]
 
 
@@ -44,7 +45,7 @@ def answer_values(v: Any) -> dict[str, Any]:
         "tool_calls": v.tools,
         "refusal": v.refusal,
         "thinking": v.thinking,
-        "response": v.resp,
+        "response": json_text(v.resp),
     }
 
 
@@ -67,8 +68,20 @@ def answer_row(answer: Any) -> dict[str, Any]:
         else None,
         "refusal": storable(answer.refusal),
         "thinking": storable(answer.thinking),
-        "resp": answer.response,
+        "resp": body_text(answer),
     }
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
+def body_text(answer: Any) -> str | None:
+    """The answer's body as JSON text: as received where the adapter kept it (valid JSON: it was
+    parsed; a NUL or a lone surrogate in it stays an escape, which plain `json` keeps), else
+    written out from the parsed body."""
+    if answer.response_text is not None:
+        return str(answer.response_text)
+    return None if answer.response is None else _ENCODE(answer.response)
 
 
 def derived_columns() -> list[ColumnClause[Any]]:

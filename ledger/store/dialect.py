@@ -38,7 +38,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import namedtuple_row
-from sqlalchemy import DateTime, String, Table, event, text
+from sqlalchemy import JSON, DateTime, String, Table, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.cursor import CursorResult
@@ -160,6 +160,27 @@ def _pg_unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(unindexed, "sqlite")
 def _sqlite_unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
     return f"+{compiler.process(next(iter(element.clauses)), **kw)}"
+
+
+class json_text(expression.FunctionElement[Any]):
+    """A JSON document's text as the value of a JSON column: PostgreSQL casts it (to `json`, which
+    keeps the text as written); SQLite stores JSON as its text already."""
+
+    inherit_cache = True
+    type = JSON()
+
+    def __init__(self, col: expression.ColumnElement[Any]) -> None:
+        super().__init__(col)
+
+
+@compiles(json_text, "postgresql")
+def _pg_json_text(element: json_text, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"CAST({compiler.process(next(iter(element.clauses)), **kw)} AS json)"
+
+
+@compiles(json_text, "sqlite")
+def _sqlite_json_text(element: json_text, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(next(iter(element.clauses)), **kw)
 
 
 def storable(text: str | None) -> str | None:

@@ -67,7 +67,10 @@ _RESULT_COLUMNS = (
     requests.c.reasoning,
     requests.c.verdict_text,
     requests.c.parsed_verdict,
+    requests.c.parse,
+    requests.c.parsed,
     requests.c.parse_error,
+    requests.c.sources,
     requests.c.error_code,
     requests.c.error_message,
     requests.c.attempts,
@@ -79,7 +82,7 @@ _RESULT_COLUMNS = (
     requests.c.cost_usd,
     requests.c.completed_at,
 )
-_DERIVED = ("reasoning", "verdict_text", "parsed_verdict", "parse_error")
+_DERIVED = ("reasoning", "verdict_text", "parsed_verdict", "parse_error", "parsed")
 _OPINION_FIELDS = ("score", "argument", "cited_evidence", "request_id", "parse_error")
 
 
@@ -245,6 +248,26 @@ class JobQueries:
             .values(status=status.value, phase=status.value, error=error, completed_at=db_now(), updated_at=db_now())
         ).rowcount
         return bool(ended)
+
+    def parse_inputs(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's completed requests that name a parser, with what their parse reads."""
+        c = requests.c
+        query = (
+            select(c.id, c.parse, c.raw_output, c.response_format, c.finish_reason, c.params)
+            .where(c.job_id == job_id, c.parse.is_not(None), c.status == RequestStatus.COMPLETED.value)
+            .order_by(c.id)
+        )
+        with reading(self.engine) as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    def save_derived(self, derived: dict[int, dict[str, Any]]) -> int:
+        """Write recomputed derived fields (`ledger reparse`) in one transaction; returns how many."""
+        c = requests.c
+        with transaction(self.engine, self.dialect) as conn:
+            for request_id, fields in derived.items():
+                values = {name: fields.get(name) for name in _DERIVED}
+                conn.execute(update(requests).where(c.id == request_id).values(**values, parsed_at=db_now()))
+        return len(derived)
 
     def save_parse(
         self,

@@ -25,6 +25,7 @@ def row(**json_columns: Any) -> Any:
         model="m",
         endpoint="mock:m",
         api="chat",
+        parse=None,
     )
     return Row(**base, **json_columns)
 
