@@ -315,19 +315,19 @@ def _map_in(
                 "delay": delay,
             }
         )
-    for part in dialect.in_parts(succeeded, len(_SUCCEEDED.column_names)):
-        params = {**_SUCCEEDED.bind(part), "b_batch": batch_id}
-        mapped.completed += dialect.execute(conn, _MAP_SUCCEEDED, params).rowcount
+    if succeeded:
+        params = {**_SUCCEEDED.bind(succeeded), "b_batch": batch_id}
+        mapped.completed = dialect.execute(conn, _MAP_SUCCEEDED, params).rowcount
     parsed = [derived_row(x.request_id, x.derived) for x in lines if x.kind == "succeeded" and x.derived]
-    for part in dialect.in_parts(parsed, len(_PARSED.column_names)):
-        dialect.execute(conn, _MAP_DERIVED, {**_PARSED.bind(part), "b_batch": batch_id})
-    for part in dialect.in_parts(failed, len(_FAILED.column_names)):
-        statuses = list(dialect.execute(conn, _MAP_FAILED, {**_FAILED.bind(part), "b_batch": batch_id}).scalars())
-        retried = statuses.count(QUEUED)
-        mapped.retried += retried
-        mapped.failed += len(statuses) - retried
-    for part in dialect.in_parts(ended, len(_ENDED.column_names)):
-        dialect.execute(conn, _CLOSE_ATTEMPTS, {**_ENDED.bind(part), "b_batch": batch_id})
+    if parsed:
+        dialect.execute(conn, _MAP_DERIVED, {**_PARSED.bind(parsed), "b_batch": batch_id})
+    if failed:
+        params = {**_FAILED.bind(failed), "b_batch": batch_id}
+        statuses = list(dialect.execute(conn, _MAP_FAILED, params).scalars())
+        mapped.retried = statuses.count(QUEUED)
+        mapped.failed = len(statuses) - mapped.retried
+    if ended:
+        dialect.execute(conn, _CLOSE_ATTEMPTS, {**_ENDED.bind(ended), "b_batch": batch_id})
     mapped.requeued = _requeue(conn, batch_id, [x.request_id for x in lines if x.kind in ("expired", "canceled")])
     mapped.kept = len(lines) - mapped.completed - mapped.failed - mapped.retried - mapped.requeued
     return mapped

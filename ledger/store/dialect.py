@@ -173,9 +173,16 @@ class json_text(expression.FunctionElement[Any]):
         super().__init__(col)
 
 
+class jsonb_text(json_text):
+    """`json_text` for a column PostgreSQL keeps as `jsonb` (queried inside)."""
+
+    inherit_cache = True
+
+
 @compiles(json_text, "postgresql")
 def _pg_json_text(element: json_text, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"CAST({compiler.process(next(iter(element.clauses)), **kw)} AS json)"
+    kind = "jsonb" if isinstance(element, jsonb_text) else "json"
+    return f"CAST({compiler.process(next(iter(element.clauses)), **kw)} AS {kind})"
 
 
 @compiles(json_text, "sqlite")
@@ -364,17 +371,6 @@ class Dialect:
                 self._sqlite_max_values = min(_sqlite_max_variables(conn), SQLITE_VALUES_AT_MOST)
             return sqlite_statement(hot.sql, hot.names, hot.row_params, values, self._sqlite_max_values)
         return hot.sql, tuple(values[n] for n in hot.names)
-
-    def in_parts(self, rows: list[dict[str, Any]], width: int) -> list[list[dict[str, Any]]]:
-        """A long set of rows (`width` columns each) as the sets one statement each should take.
-        PostgreSQL: all in one (`json_to_recordset` reads any number at one go). SQLite: pieces
-        small enough to be bound as a VALUES list (`sqlite_statement`): read as JSON instead,
-        every column of a wide row is a `json_extract` that renders its value again, and an
-        answer's body is most of a row (a batch's results mapped at half the speed)."""
-        if self.name == "postgresql" or not rows:
-            return [rows] if rows else []
-        size = max(1, SQLITE_VALUES_AT_MOST // width - 1)
-        return [rows[i : i + size] for i in range(0, len(rows), size)]
 
     def execute_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> CursorResult[*tuple[Any, ...]]:
         """`execute` for many parameter sets at once (the driver's executemany); same rules, but
