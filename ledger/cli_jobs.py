@@ -195,7 +195,7 @@ def reparse(
         else:
             said = f"reparsed job {target}: {parsed} request(s) from stored output, no provider call"
     except (LookupError, ValueError) as exc:  # unknown job, or one still running
-        fail(str(exc).strip("'\""), code=1)
+        fail(str(exc.args[0]) if exc.args else str(exc), code=1)
     out.print(said, highlight=False)
 
 
