@@ -119,21 +119,28 @@ class Ledger:
         return self.store.lineage(request_id)
 
     @asynccontextmanager
-    async def working(self) -> AsyncIterator[bool]:
+    async def working(self) -> AsyncIterator[None]:
         """Within the block, queued requests are worked on: by the daemons serving this database or,
-        when none is alive, by one run here until the block ends (as `ledger eval --wait` does).
-        Yields whether it runs here. A stage awaits its results inside it."""
+        while none is alive, by one run here until the block ends (as `ledger eval --wait` does).
+        Checked again every few seconds: a daemon that died (killed, say) is no reason to wait
+        forever, and its requests come back when their leases expire. A stage awaits its results
+        inside it."""
         from ledger.daemon import run_daemon
 
-        alive = await anyio.to_thread.run_sync(self.store.live_daemons, self.settings.lease_seconds)
-        if alive:
-            yield False
-            return
         stop = anyio.Event()
+
+        async def watch() -> None:
+            while await anyio.to_thread.run_sync(self.store.live_daemons, self.settings.lease_seconds):
+                with anyio.move_on_after(max(self.settings.lease_seconds / 3, 0.5)):
+                    await stop.wait()
+                if stop.is_set():
+                    return
+            await run_daemon(self.settings, stop=stop, handle_signals=False)
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: run_daemon(self.settings, stop=stop, handle_signals=False))
+            tg.start_soon(watch)
             try:
-                yield True
+                yield
             finally:
                 stop.set()
 
