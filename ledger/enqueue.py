@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from adapters.openai_responses import RESPONSES_API, chat_response_format
 from adapters.registry import PROVIDER_NAMES
@@ -133,18 +133,12 @@ class RequestSpec(BaseModel):
             raise ValueError(f"params.{problem[0]}: {problem[1]}")
         return value
 
-    @field_validator("api")
+    @field_validator("api", "parse")
     @classmethod
-    def _known_api(cls, value: str | None) -> str | None:
-        if value is not None and value not in APIS:
-            raise ValueError(f"unknown api {value!r} (known: {', '.join(APIS)})")
-        return value
-
-    @field_validator("parse")
-    @classmethod
-    def _known_parser(cls, value: str | None) -> str | None:
-        if value is not None and value not in PARSERS:
-            raise ValueError(f"unknown parser {value!r} (known: {', '.join(PARSERS)})")
+    def _known_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        known = {"api": ("api", APIS), "parse": ("parser", PARSERS)}[str(info.field_name)]
+        if value is not None and value not in known[1]:
+            raise ValueError(f"unknown {known[0]} {value!r} (known: {', '.join(known[1])})")
         return value
 
     @field_validator("sources")
@@ -401,13 +395,7 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
         "job_id": defaults.job_id,
         **ledger_fields,
     }
-    if defaults.delivery is not None:
-        fields["delivery"] = defaults.delivery
-    if defaults.priority is not None:
-        fields["priority"] = defaults.priority
-    if not fields["model"]:
-        raise EnqueueError("missing 'model' (give it in the line or with --model)")
-    return build_spec(**fields)
+    return _line_spec(fields, defaults)
 
 
 # A line's top-level keys that are the ledger's, not the provider's (in every shape).
@@ -463,6 +451,11 @@ def _responses_spec(
         "api": RESPONSES_API,
         **ledger_fields,
     }
+    return _line_spec(fields, defaults)
+
+
+def _line_spec(fields: dict[str, Any], defaults: Defaults) -> RequestSpec:
+    """A line's spec, with the command line's --delivery and --priority over it."""
     if defaults.delivery is not None:
         fields["delivery"] = defaults.delivery
     if defaults.priority is not None:

@@ -67,29 +67,17 @@ class Price:
         ) * _PER_TOKEN
         return round(usd * (1.0 - self.batch_discount) if batch else usd, 10)
 
-    def usage_cost(
-        self,
-        input_tokens: int | None,
-        output_tokens: int | None,
-        *,
-        batch: bool = False,
-        cached_input_tokens: int | None = None,
-        cache_write_tokens: int | None = None,
-    ) -> float | None:
+    def usage_cost(self, input_tokens: int | None, output_tokens: int | None, *, batch: bool = False) -> float | None:
         """`cost` of what a provider reported; None when it reported no usage at all."""
         if input_tokens is None and output_tokens is None:
             return None
-        return self.cost(
-            input_tokens,
-            output_tokens,
-            batch=batch,
-            cached_input_tokens=cached_input_tokens,
-            cache_write_tokens=cache_write_tokens,
-        )
+        return self.cost(input_tokens, output_tokens, batch=batch)
 
     def answer_cost(self, answer: Any, *, batch: bool = False) -> float | None:
-        """`usage_cost` of an answer (`adapters.base.CallResult`: its usage in full)."""
-        return self.usage_cost(
+        """`cost` of an answer (`adapters.base.CallResult`: its usage in full); None without usage."""
+        if answer.input_tokens is None and answer.output_tokens is None:
+            return None
+        return self.cost(
             answer.input_tokens,
             answer.output_tokens,
             batch=batch,

@@ -31,14 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.statuses import AttemptOutcome, RequestStatus
-from ledger.store.answers import (
-    answer_columns,
-    answer_row,
-    answer_values,
-    derived_columns,
-    derived_row,
-    derived_values,
-)
+from ledger.store import answers
 from ledger.store.batches import SUBMITTED, BatchLease, _fence, _in_batch, _status, batches
 from ledger.store.claim import QUEUED, attempts, requests
 from ledger.store.commit import transaction
@@ -94,7 +87,7 @@ _SUCCEEDED = bound_rows(
     column("tin", Integer),
     column("tout", Integer),
     column("cost", Float),
-    *answer_columns(),
+    *answers.answer_columns(),
 )
 _FAILED = bound_rows(
     "v",
@@ -117,12 +110,12 @@ _ENDED = bound_rows(
     column("delay", Float),
 )
 _v_ok, _v_fail, _v_end = _SUCCEEDED.c, _FAILED.c, _ENDED.c
-_PARSED = bound_rows("d", "b_derived", column("id", BigInteger), *derived_columns())
+_PARSED = bound_rows("d", "b_derived", column("id", BigInteger), *answers.derived_columns())
 # A parsed answer's fields, on the rows this chunk completed (still in this batch).
 _MAP_DERIVED = (
     update(requests)
     .where(_r.id == _PARSED.c.id, _in_batch, _status == RequestStatus.COMPLETED.value)
-    .values(**derived_values(_PARSED.c))
+    .values(**answers.derived_values(_PARSED.c))
 )
 
 _MAP_SUCCEEDED = (
@@ -139,7 +132,7 @@ _MAP_SUCCEEDED = (
         input_tokens=_v_ok.tin,
         output_tokens=_v_ok.tout,
         cost_usd=_v_ok.cost,
-        **answer_values(_v_ok),
+        **answers.answer_values(_v_ok),
         reserved_usd=None,
         last_status_code=200,
         error_code=case((_r.status == SUBMITTED, None), else_=_r.error_code),
@@ -289,7 +282,7 @@ def _map_in(
                     "tout": answer.output_tokens,
                     "cost": x.cost_usd,
                 }
-                | answer_row(answer)
+                | answers.answer_row(answer)
             )
         elif x.kind == "failed":
             number = failed_before.get(x.request_id, 0) + 1
@@ -318,7 +311,7 @@ def _map_in(
     if succeeded:
         params = {**_SUCCEEDED.bind(succeeded), "b_batch": batch_id}
         mapped.completed = dialect.execute(conn, _MAP_SUCCEEDED, params).rowcount
-    parsed = [derived_row(x.request_id, x.derived) for x in lines if x.kind == "succeeded" and x.derived]
+    parsed = [answers.derived_row(x.request_id, x.derived) for x in lines if x.kind == "succeeded" and x.derived]
     if parsed:
         dialect.execute(conn, _MAP_DERIVED, {**_PARSED.bind(parsed), "b_batch": batch_id})
     if failed:

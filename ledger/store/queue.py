@@ -35,15 +35,8 @@ from sqlalchemy.sql.expression import ColumnClause
 
 from ledger.models import Job
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
+from ledger.store import answers
 from ledger.store import pools as pool_state
-from ledger.store.answers import (
-    answer_columns,
-    answer_row,
-    answer_values,
-    derived_columns,
-    derived_row,
-    derived_values,
-)
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import db_now, db_now_plus, storable, unindexed
@@ -126,14 +119,19 @@ def _outcome_columns() -> list[ColumnClause[Any]]:
         column("tout", Integer),
         column("cost", Float),
         column("why", Text),
-        *answer_columns(),
+        *answers.answer_columns(),
     ]
 
 
 # Answers parsed where they were received (a request with `parse`): their derived fields, in a
 # statement of their own, so a group without any pays nothing for them.
 _D = bound_rows(
-    "d", "b_derived", column("id", BigInteger), column("token", BigInteger), *derived_columns(), keys="b_derived_ids"
+    "d",
+    "b_derived",
+    column("id", BigInteger),
+    column("token", BigInteger),
+    *answers.derived_columns(),
+    keys="b_derived_ids",
 )
 _WRITE_DERIVED = (
     update(requests)
@@ -142,7 +140,7 @@ _WRITE_DERIVED = (
         requests.c.lease_token == _D.c.token,
         unindexed(requests.c.status) == RequestStatus.COMPLETED.value,
     )
-    .values(**derived_values(_D.c))
+    .values(**answers.derived_values(_D.c))
 )
 _V = bound_rows("v", "b_rows", *_outcome_columns(), keys="b_row_ids")  # the outcomes of one kind (request rows)
 _VA = bound_rows("va", "b_attempts", *_outcome_columns(), keys="b_attempt_ids")  # the whole group (attempt rows)
@@ -165,7 +163,7 @@ def _outcome_row(o: Outcome) -> dict[str, Any]:
                 "tout": o.output_tokens,
                 "cost": o.cost_usd,
             }
-            | answer_row(o.answer)
+            | answers.answer_row(o.answer)
         )
     f = o.failure
     timed_out = isinstance(o, RetryLater) and f.error_code == "timeout"
@@ -241,7 +239,7 @@ _OUTPUT: dict[str, Any] = {
     "cost_usd": _v.cost,
     "latency_ms": _v.latency,
     "last_status_code": _v.status,
-    **answer_values(_v),
+    **answers.answer_values(_v),
 }
 _REQUEST_UPDATES = {
     "completed": _fenced_update().values(
@@ -400,7 +398,7 @@ class QueueQueries(ClaimQueries):
             else:
                 written = [Written.APPLIED] * len(outcomes)
             parsed = [
-                derived_row(o.request.id, o.derived, token=o.request.token)
+                answers.derived_row(o.request.id, o.derived, token=o.request.token)
                 for o, w in zip(outcomes, written, strict=True)
                 if w is Written.APPLIED and isinstance(o, Completed) and o.derived is not None
             ]

@@ -35,18 +35,12 @@ SELECT r.id, r.idempotency_key, r.job_id, r.provider, r.model, r.endpoint, r.sta
        r.trace, r.created_at, r.completed_at
 FROM llm_requests r
 """
-_AUDIT_AFTER = """
-CREATE VIEW llm_request_audit AS
-SELECT r.id, r.idempotency_key, r.job_id, r.provider, r.model, r.endpoint, r.status,
-       r.attempts, r.last_status_code, r.error_code,
-       (SELECT COUNT(*) FROM llm_attempts a WHERE a.request_id = r.id AND a.status_code = 429)
-           AS rate_limited_attempts,
-       r.input_tokens, r.output_tokens, r.cost_usd, r.latency_ms,
-       r.trace, r.created_at, r.completed_at,
-       r.api, r.finish_reason, r.provider_finish_reason, r.tool_calls, r.refusal, r.thinking,
-       r.cached_input_tokens, r.cache_write_tokens, r.reasoning_tokens
-FROM llm_requests r
-"""
+_AUDIT_AFTER = _AUDIT_BEFORE.replace(
+    "r.trace, r.created_at, r.completed_at\n",
+    "r.trace, r.created_at, r.completed_at,\n"
+    "       r.api, r.finish_reason, r.provider_finish_reason, r.tool_calls, r.refusal, r.thinking,\n"
+    "       r.cached_input_tokens, r.cache_write_tokens, r.reasoning_tokens\n",
+)
 _TURNAROUND = {
     "postgresql": "EXTRACT(EPOCH FROM (b.completed_at - b.submitted_at))",
     "sqlite": "(julianday(b.completed_at) - julianday(b.submitted_at)) * 86400.0",
