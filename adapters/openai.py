@@ -76,11 +76,6 @@ class OpenAIAdapter:
         await self._client.close()
 
 
-def parse_chat_completion(text: str, status_code: int = 200) -> CallResult:
-    """Read a chat completion body, refusing malformed ones and 200s that carry an error."""
-    return completion_result(json_body(text, status_code), status_code)
-
-
 # Chat completions' `finish_reason`, in the ledger's words (`function_call`: the legacy form).
 _FINISH = {
     "stop": "stop",

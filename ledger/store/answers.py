@@ -2,7 +2,7 @@
 batch mapping (`batch_results.py`).
 
 An answer (`adapters.base.CallResult`) reaches the store as the values of one row of a
-`bound_rows` set: `answer_row` makes them, `ANSWER_COLUMNS` declares them, and `answer_values`
+`bound_rows` set: `answer_row` makes them, `answer_columns` declares them, and `answer_values`
 says which request column each one fills. The body goes as the JSON text the provider sent
 (`CallResult.response_text`), never parsed and written out again.
 """
