@@ -41,16 +41,6 @@ SETTINGS_ENV = (
 )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Acceptance tests start real daemons, providers and databases and measure them in time (gaps,
-    leases, outages): with pytest-xdist (`-n 2 --dist loadgroup`) they run one after another on one
-    worker, never two at once, while the other worker takes the unit and integration tests."""
-    acceptance = Path(__file__).parent / "acceptance"
-    for item in items:
-        if Path(str(item.fspath)).is_relative_to(acceptance):
-            item.add_marker(pytest.mark.xdist_group("acceptance"))
-
-
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No developer `.env` or exported variable leaks into a test; cwd is the test's own dir."""
