@@ -12,8 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from ledger.embedded_postgres import EmbeddedPostgres
+from ledger.store import Store
 from tests.acceptance.procs import (
     counts_and_most_successes,
     enqueue,
@@ -69,10 +71,9 @@ def test_an_outage_longer_than_the_retry_window_stops_the_daemon_and_a_rerun_fin
     with mock_provider("--latency", "0.2") as mock:
         env = ledger_env(url, mock, MAX_CONCURRENT_LLM_CALLS=5, LEDGER_DB_RETRY_SECONDS=2, LEDGER_LEASE_SECONDS=3)
         enqueue(env, write_requests(tmp_path / "l.jsonl", prompts))
-        daemon = start_daemon(env, first_log, "--until-idle")
+        daemon = start_daemon(env, first_log, "--until-idle", "--worker-id", "first")
         wait_for(lambda: mock.stats()["calls"] >= 10)
         server.halt()
-        in_flight = mock.stats()["in_flight"]
         assert daemon.wait(timeout=120) == 1
         last = first_log.read_text().strip().splitlines()[-1]
         assert last.startswith("database failed, daemon stopped:"), first_log.read_text()[-2000:]
@@ -82,4 +83,14 @@ def test_an_outage_longer_than_the_retry_window_stops_the_daemon_and_a_rerun_fin
     counts, most_successes = counts_and_most_successes(url)
     assert counts["completed"] == REQUESTS and counts["queued"] == counts["running"] == 0
     assert most_successes == 1
-    assert sum(n - 1 for n in per_prompt.values()) <= in_flight
+    # Called again: only the calls the first daemon had in flight when the database went away, its
+    # attempts that ended `lost` (claimed, never recorded). Counted from the ledger, not from the
+    # mock's calls in flight read just after the halt, which misses a call the daemon was about to
+    # send (a CI failure in a slow phase: 5 calls again against 3 read in flight).
+    store = Store(url)
+    with store.engine.connect() as conn:
+        lost = conn.execute(
+            text("SELECT COUNT(*) FROM llm_attempts WHERE worker = 'first' AND outcome = 'lost'")
+        ).scalar_one()
+    store.close()
+    assert sum(n - 1 for n in per_prompt.values()) <= lost <= 5  # 5: MAX_CONCURRENT_LLM_CALLS
