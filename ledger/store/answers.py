@@ -13,7 +13,6 @@ import json
 from typing import Any
 
 from sqlalchemy import Integer, String, Text, column
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.expression import ColumnClause
 
 from ledger.store.dialect import db_now, json_text, jsonb_text, storable
@@ -89,9 +88,9 @@ def derived_columns() -> list[ColumnClause[Any]]:
     return [
         column("reasoning", Text),
         column("verdict_text", Text),
-        column("verdict", JSONB),
+        column("verdict", Text),  # JSON text, as the answer's own JSON values go (`jsonb_text`)
         column("perror", Text),
-        column("parsed", JSONB),
+        column("parsed", Text),
     ]
 
 
@@ -100,9 +99,9 @@ def derived_values(v: Any) -> dict[str, Any]:
     return {
         "reasoning": v.reasoning,
         "verdict_text": v.verdict_text,
-        "parsed_verdict": v.verdict,
+        "parsed_verdict": jsonb_text(v.verdict),
         "parse_error": v.perror,
-        "parsed": v.parsed,
+        "parsed": jsonb_text(v.parsed),
         "parsed_at": db_now(),
     }
 
@@ -113,8 +112,12 @@ def derived_row(request_id: int, derived: dict[str, Any], **more: Any) -> dict[s
         "id": request_id,
         "reasoning": storable(derived.get("reasoning")),
         "verdict_text": storable(derived.get("verdict_text")),
-        "verdict": derived.get("parsed_verdict"),
+        "verdict": _json_or_none(derived.get("parsed_verdict")),
         "perror": storable(derived.get("parse_error")),
-        "parsed": derived.get("parsed"),
+        "parsed": _json_or_none(derived.get("parsed")),
         **more,
     }
+
+
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else _ENCODE(value)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, String, and_, bindparam
+from sqlalchemy import Boolean, String, and_, bindparam
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import expression
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -37,9 +37,6 @@ class RowSet:
 
     columns: tuple[str, ...]
     rows: Sequence[dict[str, Any]]
-    # Columns holding JSON values (an answer's body, its tool calls): nested as they are in the
-    # set's JSON, written out as JSON text where values are bound one by one.
-    json_columns: frozenset[str] = frozenset()
 
     @cached_property
     def as_json(self) -> str:
@@ -55,25 +52,7 @@ class RowSet:
         """The values row after row, in column order: a `VALUES` list's parameters (once for the
         statements that share the set: a group commit's attempts and requests)."""
         columns = self.columns
-        if not self.json_columns:
-            return tuple([row.get(name) for row in self.rows for name in columns])
-        as_text = [name in self.json_columns for name in columns]
-        return tuple(
-            [
-                _json_text(row.get(name)) if text else row.get(name)
-                for row in self.rows
-                for name, text in zip(columns, as_text, strict=True)
-            ]
-        )
-
-
-# One encoder for every JSON value a VALUES list binds (an answer's body: one a row of a batch's
-# results): `json.dumps` with its own separators builds an encoder at every call.
-_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
-
-
-def _json_text(value: Any) -> str | None:
-    return None if value is None else _ENCODE(value)
+        return tuple([row.get(name) for row in self.rows for name in columns])
 
 
 class RowSetType(String):
@@ -93,10 +72,9 @@ class bound_rows(expression.TableClause):
         super().__init__(name, *columns)
         self.param, self.keys = param, keys
         self.column_names = tuple(c.name for c in columns)
-        self.json_columns = frozenset(c.name for c in columns if isinstance(c.type, JSON))
 
     def rows(self, rows: Iterable[dict[str, Any]]) -> RowSet:
-        return RowSet(self.column_names, list(rows), self.json_columns)
+        return RowSet(self.column_names, list(rows))
 
     def bind(self, rows: Iterable[dict[str, Any]] | RowSet) -> dict[str, Any]:
         """The statement parameters for these rows: a `RowSet` made already (`rows`, shared by
