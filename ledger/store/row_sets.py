@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import orjson
 from sqlalchemy import Boolean, String, and_, bindparam
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import expression
@@ -40,7 +41,13 @@ class RowSet:
 
     @cached_property
     def as_json(self) -> str:
-        return json.dumps(list(self.rows), separators=(",", ":"))
+        """The rows as one JSON array. orjson: a chunk of batch results carries every answer's
+        body, which the json module escaped at a sixth of the lane's time per mapped line; a
+        value orjson refuses (an integer past 64 bits) goes through the json module."""
+        try:
+            return orjson.dumps(self.rows if isinstance(self.rows, list) else list(self.rows)).decode()
+        except TypeError:
+            return json.dumps(list(self.rows), separators=(",", ":"))
 
     @cached_property
     def keys(self) -> str:

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from adapters.anthropic import message_result
-from adapters.base import nonblank_lines
+from adapters.base import json_and_text_at, nonblank_lines
 from adapters.openai import completion_result
 from ledger.batches import custom_id, request_of
 
@@ -104,3 +104,21 @@ def test_usage_counts_are_whole_numbers_whatever_the_server_sent(sent: object, k
     answer = message_result(anthropic_body)
     assert (answer.text, answer.input_tokens, answer.output_tokens) == ("x", kept, kept)
     assert kept is None or type(answer.input_tokens) is int
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"id": "a", "n": 12345678901234567890123, "x": 1.5}',  # an integer past 64 bits, exactly
+        '{"id": "a", "text": "lone \\ud800 surrogate"}',
+        '{"id": "a", "text": "caf\\u00e9 \\u0000 nul", "deep": {"list": [1, 2.25, null, true]}}',
+    ],
+)
+def test_a_result_lines_body_is_kept_as_the_same_json(body: str) -> None:
+    """The body the store writes is the body the provider sent, as JSON: nothing rounded or dropped."""
+    line = '{"custom_id": "c", "response": {"status_code": 200, "body": ' + body + '}, "error": null}'
+    for given in (line, line.encode()):
+        obj, text = json_and_text_at(given, ("response", "body"))
+        assert text is not None
+        assert json.loads(text) == json.loads(body) == obj["response"]["body"]
+        assert obj["custom_id"] == "c"
