@@ -450,6 +450,8 @@ class BatchWorker:
         left = await self._finish(lease, status, error=error, rejected=rejected, count_failure=count_failure)
         total.add(left)
         events.batch_mapped(lease.id, batch.id, batch.status, total, foreign, round(map_s, 3))
+        for request_id, cached_from in total.cache_hits:
+            events.cache_hit(request_id, cached_from)
 
     async def _ending(
         self, lease: BatchLease, batch: ProviderBatch

@@ -69,6 +69,10 @@ def enqueue(
         str | None,
         typer.Option(help="Parse every answer as it comes: verdict (reasoning + VERDICT line) or json."),
     ] = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option("--no-cache", help="Call the provider for every line, even one the ledger has answered before."),
+    ] = False,
 ) -> None:
     """Queue every line of FILE; lines seen before (same custom_id, same body) are skipped.
 
@@ -83,12 +87,22 @@ def enqueue(
     store = open_store(settings)
     if parse is not None and parse not in ("verdict", "json"):
         fail(f"--parse: unknown parser {parse!r} (known: verdict, json)")
-    defaults = Defaults(provider=provider, model=model, delivery=delivery, job_id=job, priority=priority, parse=parse)
+    defaults = Defaults(
+        provider=provider,
+        model=model,
+        delivery=delivery,
+        job_id=job,
+        priority=priority,
+        parse=parse,
+        cache=False if no_cache else None,
+    )
     with operator_errors():
         result = enqueue_file(store, settings, file, defaults)
     announce(result)
+    hits = f", {result.cached} answered from the cache" if result.cached else ""
+    twins = f", {result.twins} waiting for an identical request in flight" if result.twins else ""
     dup = f", {result.duplicates} already queued (skipped)" if result.duplicates else ""
-    out.print(f"enqueued {result.inserted} request(s){dup}; {result.queue_depth} queued in total")
+    out.print(f"enqueued {result.inserted} request(s){hits}{twins}{dup}; {result.queue_depth} queued in total")
 
 
 @app.command("requests")
@@ -276,6 +290,8 @@ def export_line(row: dict[str, Any]) -> dict[str, Any]:
         "parse_error": row["parse_error"],
         "parsed": row["parsed"],
         "sources": row["sources"],
+        "cached_from": row["cached_from"],
+        "sample": row["sample"],
         "usage": {
             "input_tokens": row["input_tokens"],
             "output_tokens": row["output_tokens"],
@@ -304,6 +320,7 @@ def status(
     counts = store.status_counts(job)
     usage = store.pool_usage()
     busy = sum(u["running"] for u in usage.values())
+    hits, saved = store.cache_hits_today()
     if as_json:
         said = {
             "requests": counts,
@@ -315,11 +332,14 @@ def status(
                 },
             },
             **job_status(store, settings),
+            "cache": {"hits_today": hits, "saved_usd_today": round(saved, 10)},
         }
         out.print_json(json.dumps(said, default=json_default))
         return
     print_job_status(job_status(store, settings))
     out.print("requests: " + ", ".join(f"{k} {v}" for k, v in counts.items()), highlight=False)
+    if hits:
+        out.print(f"cache: {hits} answered from the cache today, ${saved:.4f} not spent again", highlight=False)
     unpriced = store.unpriced_count(job)
     if unpriced:
         out.print(

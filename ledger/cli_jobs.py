@@ -8,6 +8,7 @@ unknown job.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -129,8 +130,25 @@ def report(
 
 def opinion_json(opinion: dict[str, Any]) -> dict[str, Any]:
     """The fields `report --json` promises, in that order."""
-    keys = ("agent", "dimension", "score", "argument", "request_id", "parse_error")
+    keys = ("agent", "dimension", "sample", "score", "argument", "request_id", "parse_error")
     return {"job": opinion["job_id"], **{key: opinion[key] for key in keys}}
+
+
+def score_cell(opinions: list[dict[str, Any]]) -> str:
+    """A cell of the score table: the score; with samples, their mean with n and spread (the
+    standard deviation of the scores), failed and unparsed samples counted beside it."""
+    if not opinions:
+        return "-"
+    scores = [int(o["score"]) for o in opinions if o["score"] is not None]
+    unparsed = sum(1 for o in opinions if o["score"] is None and o["parse_error"])
+    failed = sum(1 for o in opinions if o["score"] is None and not o["parse_error"])
+    if len(opinions) == 1:
+        if scores:
+            return str(scores[0])
+        return "[red]unparsed[/]" if unparsed else "[red]failed[/]"
+    said = f"{statistics.fmean(scores):.2f} (n={len(scores)}, sd {statistics.pstdev(scores):.2f})" if scores else "-"
+    marks = [f"[red]{n} {what}[/]" for n, what in ((failed, "failed"), (unparsed, "unparsed")) if n]
+    return " ".join([said, *marks])
 
 
 def print_scores(store: Any, job_id: str) -> None:
@@ -144,21 +162,15 @@ def print_scores(store: Any, job_id: str) -> None:
             "see ledger requests --job",
             code=1,
         )
-    opinions = {(o["agent"], o["dimension"]): o for o in store.opinions(job_id)}
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for opinion in store.opinions(job_id):
+        cells.setdefault((opinion["agent"], opinion["dimension"]), []).append(opinion)
     spec = job_spec(job)
     agents = [a.name for a in spec.agents]
-    table = Table("dimension", *agents, title=f"{job_id}: {job['status']}")
+    title = f"{job_id}: {job['status']}" + (f" ({spec.samples} samples a cell)" if spec.samples > 1 else "")
+    table = Table("dimension", *agents, title=title)
     for dimension in spec.dimensions:
-        cells = []
-        for agent in agents:
-            opinion = opinions.get((agent, dimension.id))
-            if opinion is None:
-                cells.append("-")
-            elif opinion["score"] is not None:
-                cells.append(str(opinion["score"]))
-            else:
-                cells.append("[red]unparsed[/]" if opinion["parse_error"] else "[red]failed[/]")
-        table.add_row(dimension.id, *cells)
+        table.add_row(dimension.id, *[score_cell(cells.get((agent, dimension.id), [])) for agent in agents])
     out.print(table)
     truncated = store.job_progress(job_id)["truncated"]
     if truncated:

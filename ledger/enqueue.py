@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from adapters.openai_responses import RESPONSES_API, chat_response_format
 from adapters.registry import PROVIDER_NAMES
-from ledger.fingerprint import body_hash, canonical, json_texts
+from ledger.fingerprint import body_hash, cache_key, canonical, json_texts
 from ledger.params import params_problem
 from ledger.parsing import PARSERS, parse_name
 from ledger.pools import endpoint_for, normalize_endpoint
@@ -89,6 +89,10 @@ class RequestSpec(BaseModel):
     score_range: tuple[int, int] | None = None
     # The requests this one was built from (lineage): ids of requests already in the ledger.
     sources: list[int] | None = None
+    # The response cache: False, never answered from the cache nor made to wait for a twin
+    # (it is still a source for others); `sample` asks for another answer to the same question.
+    cache: bool = True
+    sample: int = Field(default=0, ge=0, le=_INT32)
 
     def __init__(self, /, **fields: Any) -> None:  # positional-only: a field named "self" is a field
         try:
@@ -198,6 +202,7 @@ class Defaults:
     job_id: str | None = None
     priority: int | None = None
     parse: str | None = None
+    cache: bool | None = None  # False: --no-cache
 
 
 APIS = ("chat", RESPONSES_API, "messages")
@@ -275,6 +280,8 @@ def checked_row(
         "api": api,
         "parse": parse_name(spec.parse, spec.score_range) if spec.parse else None,
         "sources": spec.sources,
+        "sample": spec.sample,
+        "use_cache": spec.cache,
     }
     try:
         texts = json_texts(row)
@@ -282,6 +289,7 @@ def checked_row(
         row["idempotency_key"] = spec.idempotency_key or content_key(row)
         row["batch_key"] = batch_key(row)
         row["body_hash"] = body_hash(row, texts)
+        row["cache_key"] = cache_key(row, texts)
         prompt_bytes = input_bytes(input_)
         row["token_estimate"] = token_estimate(prompt_bytes, spec.params)
         if prices is not None:
@@ -339,6 +347,8 @@ def content_key(row: dict[str, Any]) -> str:
     for extra in ("api", "parse", "sources"):  # only when set: older requests' keys stay what they were
         if row.get(extra) is not None and (extra != "api" or row[extra] == RESPONSES_API):
             keyed[extra] = row[extra]
+    if row.get("sample"):  # likewise: a sample other than the first
+        keyed["sample"] = row["sample"]
     return "sha256:" + _digest(keyed)[:40]
 
 
@@ -399,14 +409,17 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
 
 
 # A line's top-level keys that are the ledger's, not the provider's (in every shape).
-LEDGER_LINE_KEYS = frozenset({"parse", "score_range", "sources"})
+LEDGER_LINE_KEYS = frozenset({"parse", "score_range", "sources", "cache", "sample"})
 
 
 def _ledger_fields(obj: dict[str, Any], defaults: Defaults) -> dict[str, Any]:
-    """The ledger's own keys of a line (`parse`, `score_range`, `sources`), with `--parse` over them."""
+    """The ledger's own keys of a line (`parse`, `score_range`, `sources`, `cache`, `sample`), with
+    `--parse` and `--no-cache` over them."""
     found = {k: obj[k] for k in LEDGER_LINE_KEYS if k in obj}
     if defaults.parse is not None:
         found["parse"] = defaults.parse
+    if defaults.cache is False:
+        found["cache"] = False
     return found
 
 

@@ -33,6 +33,16 @@ def structured_key(job_id: str, agent: str) -> str:
     return f"{job_id}:{agent}:*"
 
 
+def sample_key(key: str, sample: int) -> str:
+    """A request's key for a sample other than the first (`samples = N` in a spec); the first
+    keeps the key a job without samples has."""
+    return key if sample == 0 else f"{key}#s{sample}"
+
+
+def _sampled(trace: dict[str, Any], sample: int) -> dict[str, Any]:
+    return {**trace, "sample": sample} if sample else trace
+
+
 def _criterion(d: DimensionSpec) -> str:
     lines = [f"### {d.name} (`{d.id}`)", d.instruction.strip()]
     if d.success:
@@ -71,39 +81,45 @@ def _request(spec: JobSpec, agent: AgentSpec, **fields: Any) -> RequestSpec:
         delivery=Delivery(spec.delivery),
         job_id=spec.id,
         purpose=PURPOSE,
+        cache=spec.cache,
         **fields,
     )
 
 
-def single_request(spec: JobSpec, agent: AgentSpec, dimension: DimensionSpec) -> RequestSpec:
+def single_request(spec: JobSpec, agent: AgentSpec, dimension: DimensionSpec, sample: int = 0) -> RequestSpec:
     return _request(
         spec,
         agent,
-        idempotency_key=single_key(spec.id, agent.name, dimension.id),
+        idempotency_key=sample_key(single_key(spec.id, agent.name, dimension.id), sample),
         messages=[{"role": "user", "content": single_prompt(spec, dimension)}],
-        trace={"agent": agent.name, "dimension": dimension.id, "mode": SINGLE},
+        trace=_sampled({"agent": agent.name, "dimension": dimension.id, "mode": SINGLE}, sample),
+        sample=sample,
     )
 
 
 def requests_for(spec: JobSpec, structured_for: frozenset[str]) -> list[RequestSpec]:
     """The job's first requests: one structured request for agents whose provider is in
-    `structured_for` (empty unless BATCHING_ENABLED), one per dimension for the rest (FR-004)."""
+    `structured_for` (empty unless BATCHING_ENABLED), one per dimension for the rest (FR-004);
+    all of it once per sample (`samples = N`: samples 0..N-1, each its own answer)."""
     out: list[RequestSpec] = []
     ids = [d.id for d in spec.dimensions]
-    for agent in spec.agents:
-        if agent.provider in structured_for:
-            out.append(
-                _request(
-                    spec,
-                    agent,
-                    idempotency_key=structured_key(spec.id, agent.name),
-                    messages=[{"role": "user", "content": structured_prompt(spec)}],
-                    response_format=evaluation_schema(ids),
-                    trace={"agent": agent.name, "dimension": "*", "dimensions": ids, "mode": STRUCTURED},
+    for sample in range(spec.samples):
+        for agent in spec.agents:
+            if agent.provider in structured_for:
+                trace = {"agent": agent.name, "dimension": "*", "dimensions": ids, "mode": STRUCTURED}
+                out.append(
+                    _request(
+                        spec,
+                        agent,
+                        idempotency_key=sample_key(structured_key(spec.id, agent.name), sample),
+                        messages=[{"role": "user", "content": structured_prompt(spec)}],
+                        response_format=evaluation_schema(ids),
+                        trace=_sampled(trace, sample),
+                        sample=sample,
+                    )
                 )
-            )
-        else:
-            out.extend(single_request(spec, agent, d) for d in spec.dimensions)
+            else:
+                out.extend(single_request(spec, agent, d, sample) for d in spec.dimensions)
     return out
 
 
@@ -112,8 +128,9 @@ class Plan:
     """Where a job stands, derived from its requests alone."""
 
     derived: dict[int, dict[str, Any]] = field(default_factory=dict)  # request id -> derived fields
-    opinions: list[dict[str, Any]] = field(default_factory=list)  # known now, in (agent, dimension) order
-    gaps: list[tuple[AgentSpec, DimensionSpec]] = field(default_factory=list)  # need an individual request
+    opinions: list[dict[str, Any]] = field(default_factory=list)  # known now, in (sample, agent, dimension) order
+    # (agent, dimension, sample) that need an individual request
+    gaps: list[tuple[AgentSpec, DimensionSpec, int]] = field(default_factory=list)
     pending: int = 0  # cells whose source is not final yet
     rejected: dict[int, tuple[RejectedEntry, ...]] = field(default_factory=dict)  # structured request -> discarded
 
@@ -123,36 +140,40 @@ class Plan:
 
 
 def plan(spec: JobSpec, rows: list[dict[str, Any]]) -> Plan:
-    """Every (agent, dimension) of the job: its opinion, pending, or a gap."""
+    """Every (agent, dimension) of the job, per sample: its opinion, pending, or a gap."""
     out = Plan()
-    single: dict[tuple[str, str], dict[str, Any]] = {}
-    structured: dict[str, dict[str, Any]] = {}
+    single: dict[tuple[str, str, int], dict[str, Any]] = {}
+    structured: dict[tuple[str, int], dict[str, Any]] = {}
     for row in rows:
         trace = row.get("trace") or {}
+        sample = int(trace.get("sample") or 0)
         if trace.get("mode") == STRUCTURED:
-            structured[str(trace.get("agent"))] = row
+            structured[(str(trace.get("agent")), sample)] = row
         elif trace.get("mode") == SINGLE:
-            single[(str(trace.get("agent")), str(trace.get("dimension")))] = row
+            single[(str(trace.get("agent")), str(trace.get("dimension")), sample)] = row
     ids = [d.id for d in spec.dimensions]
-    for agent in spec.agents:
-        whole = structured.get(agent.name)
-        entries = _structured_entries(whole, ids, out) if whole is not None else None
-        for dimension in spec.dimensions:
-            alone = single.get((agent.name, dimension.id))
-            if alone is not None:
-                if alone["status"] in OPEN_STATUSES:
+    for sample in range(spec.samples):
+        for agent in spec.agents:
+            whole = structured.get((agent.name, sample))
+            entries = _structured_entries(whole, ids, out) if whole is not None else None
+            for dimension in spec.dimensions:
+                alone = single.get((agent.name, dimension.id, sample))
+                if alone is not None:
+                    if alone["status"] in OPEN_STATUSES:
+                        out.pending += 1
+                    else:
+                        out.opinions.append(_single_opinion(agent, dimension, alone, out, sample))
+                elif whole is not None and whole["status"] in OPEN_STATUSES:
                     out.pending += 1
+                elif whole is not None and entries is not None and dimension.id in entries:
+                    entry = entries[dimension.id]
+                    out.opinions.append(
+                        _opinion(
+                            agent, dimension, whole, entry.score, entry.argument, list(entry.cited_evidence), sample
+                        )
+                    )
                 else:
-                    out.opinions.append(_single_opinion(agent, dimension, alone, out))
-            elif whole is not None and whole["status"] in OPEN_STATUSES:
-                out.pending += 1
-            elif whole is not None and entries is not None and dimension.id in entries:
-                entry = entries[dimension.id]
-                out.opinions.append(
-                    _opinion(agent, dimension, whole, entry.score, entry.argument, list(entry.cited_evidence))
-                )
-            else:
-                out.gaps.append((agent, dimension))
+                    out.gaps.append((agent, dimension, sample))
     return out
 
 
@@ -177,9 +198,11 @@ def _structured_entries(row: dict[str, Any], ids: list[str], out: Plan) -> dict[
     return dict(parsed.entries)
 
 
-def _single_opinion(agent: AgentSpec, dimension: DimensionSpec, row: dict[str, Any], out: Plan) -> dict[str, Any]:
+def _single_opinion(
+    agent: AgentSpec, dimension: DimensionSpec, row: dict[str, Any], out: Plan, sample: int
+) -> dict[str, Any]:
     if row["status"] != RequestStatus.COMPLETED.value:
-        opinion = _opinion(agent, dimension, row, None, FAILED_ARGUMENT.format(n=row["attempts"]), [])
+        opinion = _opinion(agent, dimension, row, None, FAILED_ARGUMENT.format(n=row["attempts"]), [], sample)
         opinion["error_line"] = failure_line(agent.name, dimension.id, row)
         return opinion
     verdict = parse_verdict(row.get("raw_output"))
@@ -190,17 +213,24 @@ def _single_opinion(agent: AgentSpec, dimension: DimensionSpec, row: dict[str, A
         "parsed_verdict": verdict.score,
         "parse_error": error,
     }
-    opinion = _opinion(agent, dimension, row, verdict.score, verdict.reasoning, [])
+    opinion = _opinion(agent, dimension, row, verdict.score, verdict.reasoning, [], sample)
     opinion["parse_error"] = error
     return opinion
 
 
 def _opinion(
-    agent: AgentSpec, dimension: DimensionSpec, row: dict[str, Any], score: int | None, argument: str | None, cited: Any
+    agent: AgentSpec,
+    dimension: DimensionSpec,
+    row: dict[str, Any],
+    score: int | None,
+    argument: str | None,
+    cited: Any,
+    sample: int,
 ) -> dict[str, Any]:
     return {
         "agent": agent.name,
         "dimension": dimension.id,
+        "sample": sample,
         "score": score,
         "argument": argument,
         "cited_evidence": cited,

@@ -225,6 +225,12 @@ def batch_submitted(
     )
 
 
+def cache_hit(request_id: int, cached_from: int) -> None:
+    """A request answered from the response cache (at enqueue, or when the twin it waited for
+    answered): no provider call, nothing spent."""
+    _emit(logging.INFO, {"event": "cache_hit", "request_id": request_id, "cached_from": cached_from})
+
+
 def batch_adopted(batch_id: int, provider: str, provider_batch_id: str, requests: int) -> None:
     """A batch the provider accepted before a crash kept the ledger from recording it."""
     _emit(

@@ -70,6 +70,23 @@ def body_hash(row: Mapping[str, Any], texts: Mapping[str, str] | None = None) ->
         if row.get(extra) is not None:
             value = given.get(extra) or canonical(row.get(extra))
             parts.append(f"{extra}={value}")
+    if row.get("sample"):  # and a sample other than the first (migration 0010)
+        parts.append(f"sample={int(row['sample'])}")
+    return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# What decides an answer (the response cache's key, with the sample): not the job, the key, the
+# trace, the purpose, the priority or the delivery, which say where an answer belongs and how it
+# is fetched, nor how it is parsed.
+CACHE_FIELDS = ("provider", "model", "endpoint", "api", "input", "params", "response_format")
+
+
+def cache_key(row: Mapping[str, Any], texts: Mapping[str, str] | None = None) -> str:
+    """The hex SHA-256 of what decides a request's answer and the `sample` asked for: two
+    requests with one key ask the same question for the same sample (`texts`: as `body_hash`)."""
+    given = texts or {}
+    parts = [given[f] if f in given else canonical(row.get(f)) for f in CACHE_FIELDS]
+    parts.append(str(int(row.get("sample") or 0)))
     return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -79,4 +96,6 @@ def differing_fields(ours: Mapping[str, Any], stored: Mapping[str, Any]) -> list
     if (ours.get("api") == RESPONSES) != (stored.get("api") == RESPONSES):
         found.append("api")
     found += [f for f in ("parse", "sources") if canonical(ours.get(f)) != canonical(stored.get(f))]
+    if int(ours.get("sample") or 0) != int(stored.get("sample") or 0):
+        found.append("sample")
     return found

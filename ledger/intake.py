@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ledger import events
 from ledger.enqueue import Defaults, EnqueueError, RequestSpec, as_spec, checked_row, read_jsonl_file
 from ledger.fingerprint import JSON_FIELDS, differing_fields
 from ledger.settings import Settings
@@ -166,7 +167,7 @@ class Intake:
         seqs = self.store.next_fair_seqs(staging.job_ids())
         keep = staging.count <= KEEP_INSERTED_MAX  # report each new row (events), or counts only
         inserted: list[dict[str, Any]] = []
-        added = 0
+        added = cached = twins = 0
         for chunk in staging.pages(self.rows_per_chunk, unknown_only=True):
             rows = []
             for entry in chunk:
@@ -175,12 +176,17 @@ class Intake:
             jobs = {e.job_id for e in chunk if e.job_id is not None}
             started = time.monotonic()
             try:
-                written = self.store.insert_chunk(rows, {e.key: e.body_hash for e in chunk}, jobs)
+                written = self.store.insert_chunk(
+                    rows, {e.key: e.body_hash for e in chunk}, jobs, self.settings.cache_policy
+                )
             except KeyConflict as exc:
                 entry = next(e for e in chunk if e.key == exc.key)
                 raise EnqueueError(self._ledger_conflict(entry, exc.request_id, written=added)) from None
             added += len(written.inserted)
             duplicates += written.repeats
+            cached, twins = cached + len(written.cache.hits), twins + written.cache.twins
+            for hit in written.cache.hits:
+                events.cache_hit(hit.request_id, hit.cached_from)
             if keep:
                 by_key, trace_at = {e.key: e for e in chunk}, self.columns.index("trace")
                 for request_id, key in written.inserted:
@@ -190,7 +196,9 @@ class Intake:
             took = time.monotonic() - started
             if self.duty < 1 and self._a_daemon_may_wait():  # let it in before the next chunk
                 self.pause(took * (1 - self.duty) / self.duty)
-        return EnqueueResult(added, duplicates, self.store.queue_depth(), inserted if keep else [])
+        return EnqueueResult(
+            added, duplicates, self.store.queue_depth(), inserted if keep else [], cached=cached, twins=twins
+        )
 
     def _a_daemon_may_wait(self) -> bool:
         """Asked after every chunk: a daemon started half-way through is let in from then on."""

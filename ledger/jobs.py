@@ -65,7 +65,16 @@ def trigger(store: Store, settings: Settings, spec: JobSpec) -> Staged:
         "spec": {"job": spec.to_json(), "limits": limits_of(settings)},
         "budget_usd": spec.budget_usd,
     }
-    return store.stage_job(job, rows, capacity=settings.job_capacity, daily_budget=settings.daily_budget_usd)
+    staged = store.stage_job(
+        job,
+        rows,
+        capacity=settings.job_capacity,
+        daily_budget=settings.daily_budget_usd,
+        cache=settings.cache_policy,
+    )
+    for hit in staged.hits:
+        events.cache_hit(hit.request_id, hit.cached_from)
+    return staged
 
 
 def job_spec(job: dict[str, Any]) -> JobSpec:
@@ -99,8 +108,12 @@ def advance(store: Store, settings: Settings, job: dict[str, Any]) -> Step:
     found = plan(spec, rows)
     _save(store, job_id, found, rows)
     if found.gaps:
-        gap_specs = [single_request(spec, agent, dimension) for agent, dimension in found.gaps]
-        store.add_job_requests(job_id, [to_row(r, settings.compatible_base_url, settings.prices) for r in gap_specs])
+        gap_specs = [single_request(spec, agent, dimension, sample) for agent, dimension, sample in found.gaps]
+        added = store.add_job_requests(
+            job_id, [to_row(r, settings.compatible_base_url, settings.prices) for r in gap_specs], settings.cache_policy
+        )
+        for hit in added.hits:
+            events.cache_hit(hit.request_id, hit.cached_from)
         store.set_job_phase(job_id, "filling_gaps")
         return Step(job_id, "filling_gaps")
     if found.pending:  # a request reopened since we looked (a retry): next cycle

@@ -239,7 +239,7 @@ class LedgerCollector:
         self.reading: Reading | None = None  # replaced whole by the reader: a scrape sees one reading
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         yield GaugeMetricFamily(
             "ledger_global_limit", "MAX_CONCURRENT_LLM_CALLS: slots across every pool and daemon.", self._global_limit
@@ -282,6 +282,16 @@ class LedgerCollector:
         yield due
         yield in_flight
         yield limits
+        # Counted by the database (every daemon's and every enqueue's hits alike): a counter that
+        # only grows, as the rows it counts are never deleted.
+        hits = CounterMetricFamily(
+            "ledger_cache_hits",
+            "Requests answered from the response cache, with no provider call (every process's, all time).",
+            labels=["pool"],
+        )
+        for pool, n in sorted(counts.cache_hits.items()):
+            hits.add_metric([pool], n)
+        yield hits
         yield GaugeMetricFamily(
             "ledger_read_age_seconds",
             "Seconds since the ledger gauges were read from the database.",

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     text,
+    true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
@@ -167,6 +169,9 @@ class LlmRequest(SQLModel, table=True):
         # time only at the end; on PostgreSQL every UPDATE of a request would write them an entry.
         Index("ix_llm_requests_batch", "batch_id", **_where_set("batch_id")),
         Index("ix_llm_requests_completed", "completed_at", **_where_set("completed_at")),
+        Index("ix_llm_requests_cache_key", "cache_key", **_where_set("cache_key")),
+        Index("ix_llm_requests_twin_of", "twin_of", **_where_set("twin_of")),
+        Index("ix_llm_requests_cached_from", "cached_from", **_where_set("cached_from")),
     )
 
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
@@ -242,6 +247,16 @@ class LlmRequest(SQLModel, table=True):
     token_estimate: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     # When the parsers last derived reasoning / verdict from raw_output (NULL: not yet).
     parsed_at: datetime | None = _ts()
+    # The response cache (migration 0010): the hash of what decides the answer, with the
+    # sample asked for (`ledger.enqueue.cache_key`); whether this request may be answered from
+    # the cache; the request its answer was copied from (an original, never a copy); and,
+    # while it waits for an identical request in flight to answer, that request (a twin is
+    # never claimed).
+    cache_key: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    sample: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    use_cache: bool = Field(default=True, sa_column=Column(Boolean, nullable=False, server_default=true()))
+    cached_from: int | None = Field(default=None, sa_column=Column(IdType, nullable=True))
+    twin_of: int | None = Field(default=None, sa_column=Column(IdType, nullable=True))
     created_at: datetime | None = _ts(nullable=False, default_now=True)
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
     completed_at: datetime | None = _ts()
@@ -343,13 +358,17 @@ class Opinion(SQLModel, table=True):
     """A judge's parsed opinion on one dimension; score NULL when evaluation failed."""
 
     __tablename__ = "opinions"
-    # One opinion per (job, agent, dimension): written once, whatever crashes (insert-if-absent).
-    __table_args__ = (UniqueConstraint("job_id", "agent", "dimension", name="uq_opinions_job_agent_dimension"),)
+    # One opinion per (job, agent, dimension, sample): written once, whatever crashes (insert-if-absent).
+    __table_args__ = (
+        UniqueConstraint("job_id", "agent", "dimension", "sample", name="uq_opinions_job_agent_dimension_sample"),
+    )
 
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
     job_id: str | None = Field(default=None, sa_column=Column(String(200), ForeignKey("jobs.id"), nullable=True))
     agent: str = Field(sa_column=Column(String(200), nullable=False))
     dimension: str = Field(sa_column=Column(String(200), nullable=False))
+    # Which of a spec's `samples` this opinion answers (0 for a job without samples; migration 0011).
+    sample: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     score: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     argument: str | None = _text()
     cited_evidence: Any | None = _json()

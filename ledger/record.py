@@ -331,6 +331,8 @@ class Recorder:
         self.metrics.recorded([w.outcome for w in group], recorded.written)
         freed_here = [o.request for o, w in pairs if w is Written.CANCELED or (w is Written.APPLIED and _frees_slot(o))]
         events.slots_released(ReleasedRows(freed_here, recorded.active_slots, recorded.ts_before_commit))
+        for request_id, cached_from in recorded.cache_hits:
+            events.cache_hit(request_id, cached_from)
         # A refused outcome frees nothing of ours (whoever took the row over freed the slot)
         # but still means its executor stops: wake the claim loop all the same.
         freed = any(w is not Written.APPLIED or _frees_slot(o) for o, w in pairs)

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
     from ledger.prices import PriceTable
+    from ledger.store.cache import CachePolicy
     from ledger.store.pools import PoolRules
 
 DEFAULT_DATABASE_URL = "sqlite:///ledger.db"
@@ -104,6 +105,11 @@ class Settings(BaseSettings):
     # `full`: every answer's body is kept as received (`response`); `derived`: only the fields
     # derived from it (text, finish reason, tool calls, refusal, thinking, usage), for very large runs.
     keep_response: str = Field(default="full", alias="LEDGER_KEEP_RESPONSE")
+    # The response cache: `on`, a request identical to one the ledger answered (or is calling)
+    # is answered from it (or waits for it) instead of being paid for again; `off`, never.
+    cache: str = Field(default="on", alias="LEDGER_CACHE")
+    # The oldest answer the cache copies, in days (unset: any age).
+    cache_max_age_days: float | None = Field(default=None, alias="LEDGER_CACHE_MAX_AGE_DAYS", gt=0)
     # Prometheus metrics of the daemon (`ledger daemon --metrics-port`): off unless a port is given;
     # 0 takes a free port, named in the `start` event.
     metrics_port: int | None = Field(default=None, alias="LEDGER_METRICS_PORT", ge=0, le=65535)
@@ -152,6 +158,21 @@ class Settings(BaseSettings):
     @property
     def keeps_response(self) -> bool:
         return self.keep_response == "full"
+
+    @field_validator("cache")
+    @classmethod
+    def _check_cache(cls, value: str) -> str:
+        lower = value.strip().lower()
+        if lower not in {"on", "off"}:
+            raise ValueError(f"LEDGER_CACHE must be on or off, got {value!r}")
+        return lower
+
+    @property
+    def cache_policy(self) -> CachePolicy | None:
+        """How enqueues use the response cache (None: LEDGER_CACHE=off)."""
+        from ledger.store.cache import CachePolicy
+
+        return CachePolicy(self.cache_max_age_days) if self.cache == "on" else None
 
     @field_validator("log_level")
     @classmethod

@@ -33,7 +33,7 @@ SCORE_MIN, SCORE_MAX = 1, 5
 
 _JOB_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 _JOB_ID_RULE = "1-200 letters, digits or . _ : -"
-_TOP_KEYS = ("id", "delivery", "budget_usd", "artifact", "agents", "dimensions")
+_TOP_KEYS = ("id", "delivery", "budget_usd", "artifact", "agents", "dimensions", "cache", "samples")
 _ARTIFACT_KEYS = ("path", "text")
 _AGENT_KEYS = ("name", "provider", "model", "system", "params")
 _DIMENSION_KEYS = ("id", "name", "instruction", "success", "failure")
@@ -82,6 +82,8 @@ class JobSpec:
     artifact_source: str
     agents: tuple[AgentSpec, ...]
     dimensions: tuple[DimensionSpec, ...]
+    cache: bool = True  # False: every request called, never answered from the response cache
+    samples: int = 1  # each (judge, dimension) asked this many times (samples 0..N-1)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values for the jobs table, so a resumed job never rereads the files."""
@@ -93,6 +95,8 @@ class JobSpec:
             "artifact_source": self.artifact_source,
             "agents": [asdict(agent) for agent in self.agents],
             "dimensions": [asdict(dimension) for dimension in self.dimensions],
+            "cache": self.cache,
+            "samples": self.samples,
         }
 
     @classmethod
@@ -106,6 +110,8 @@ class JobSpec:
             artifact_source=data["artifact_source"],
             agents=tuple(AgentSpec(**{**agent, "params": dict(agent["params"])}) for agent in data["agents"]),
             dimensions=tuple(DimensionSpec(**dimension) for dimension in data["dimensions"]),
+            cache=bool(data.get("cache", True)),
+            samples=int(data.get("samples", 1)),
         )
 
 
@@ -142,6 +148,12 @@ def spec_from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path, d
     budget = top.get("budget_usd")
     if budget is not None and (not _is_number(budget) or not math.isfinite(budget) or budget < 0):
         raise top.fail("budget_usd", f"must be a number >= 0, got {_show(budget)}")
+    cache = top.get("cache")
+    if cache is not None and not isinstance(cache, bool):
+        raise top.fail("cache", f"must be true or false, got {_show(cache)}")
+    samples = top.get("samples")
+    if samples is not None and (not isinstance(samples, int) or isinstance(samples, bool) or not 1 <= samples <= 100):
+        raise top.fail("samples", f"must be an integer from 1 to 100, got {_show(samples)}")
     artifact, artifact_source = _artifact(_Table(top.need("artifact"), "artifact", source, _ARTIFACT_KEYS), base_dir)
     agents = _unique(_tables(top, "agents", _AGENT_KEYS), "name", _agent)
     dimensions = _unique(_tables(top, "dimensions", _DIMENSION_KEYS), "id", _dimension)
@@ -153,6 +165,8 @@ def spec_from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path, d
         artifact_source=artifact_source,
         agents=agents,
         dimensions=dimensions,
+        cache=cache is not False,
+        samples=1 if samples is None else samples,
     )
 
 

@@ -121,7 +121,11 @@ class BatchStore:
         self.downloaded: set[str] = set()  # files and results downloaded at least once
 
     def stats(self) -> dict[str, Any]:
-        return {"batch_creates": dict(self.creates), "batch_ids": list(self.batches)}
+        return {
+            "batch_creates": dict(self.creates),
+            "batch_ids": list(self.batches),
+            "batch_lines": sum(self.seen.values()),  # lines answered in batches (retries included)
+        }
 
     def reset(self) -> None:
         self.creates.clear()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 
 from ledger.models import BATCH_AUDIT_VIEW, LlmAttempt, LlmBatch, LlmPool, LlmRequest
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
+from ledger.store import cache
 from ledger.store.commit import reading
 from ledger.store.dialect import db_now
 
@@ -42,6 +43,7 @@ class LedgerCounts:
     requests: dict[tuple[str, str], int]  # (endpoint, status) -> requests
     due: dict[str, int]  # endpoint -> online requests queued and due now
     learned_limits: dict[str, int]  # endpoint -> learned limit, where one stands
+    cache_hits: dict[str, int] = field(default_factory=dict)  # endpoint -> requests answered from the cache
 
 
 class AuditQueries:
@@ -92,6 +94,11 @@ class AuditQueries:
                 return
             yield from rows
             last_id = rows[-1]["id"]
+
+    def cache_hits_today(self) -> tuple[int, float]:
+        """Requests answered from the response cache today (UTC), and what their sources cost."""
+        with reading(self.engine) as conn:
+            return cache.hits_today(conn)
 
     def status_counts(self, job_id: str | None = None) -> dict[str, int]:
         query = select(requests.c.status, func.count()).group_by(requests.c.status)
@@ -233,7 +240,8 @@ class AuditQueries:
                     select(pools.c.endpoint, pools.c.learned_limit).where(pools.c.learned_limit.is_not(None))
                 )
             }
-        return LedgerCounts(counts, ready, learned)
+            hits = cache.hits_by_pool(conn)
+        return LedgerCounts(counts, ready, learned, hits)
 
 
 def _seconds_between(earlier: Any, later: Any) -> float:

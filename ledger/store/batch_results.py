@@ -10,7 +10,7 @@ crash mid-mapping, then a restart) changes nothing the second time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlalchemy import (
@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection, Engine
 from ledger.statuses import AttemptOutcome, RequestStatus
 from ledger.store import answers
 from ledger.store.batches import SUBMITTED, BatchLease, _fence, _in_batch, _status, batches
+from ledger.store.cache import ENDED, TWINS_ANSWERED, TWINS_RELEASED
 from ledger.store.claim import QUEUED, attempts, requests
 from ledger.store.commit import transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus, storable
@@ -67,6 +68,8 @@ class Mapped:
     requeued: int = 0  # back to the queue, not reached by the provider (not counted)
     canceled: int = 0  # unanswered by a batch canceled through the ledger
     kept: int = 0  # already mapped, canceled, or not in this batch: nothing changed
+    # Twins these requests' answers answered (request id, cached_from): response cache hits.
+    cache_hits: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, other: Mapped) -> None:
         for f in fields(self):
@@ -74,7 +77,7 @@ class Mapped:
 
     @property
     def lines(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
+        return sum(getattr(self, f.name) for f in fields(self) if f.name != "cache_hits")
 
 
 # A chunk's result lines, as a table each (`bound_rows`): one set-based statement per
@@ -225,6 +228,7 @@ class BatchResultQueries:
             left = list(conn.execute(select(_r.id).where(_r.batch_id == lease.id, _r.status == SUBMITTED)).scalars())
             if row.cancel_requested_at is not None:
                 mapped.canceled = _end_canceled(conn, lease.id, left)
+                _settle_twins(conn, self.dialect, left)
             else:
                 lines = [_unanswered(i, rejected or {}, count_failure, error) for i in left]
                 for start in range(0, len(lines), _CHUNK):
@@ -323,7 +327,16 @@ def _map_in(
         dialect.execute(conn, _CLOSE_ATTEMPTS, {**_ENDED.bind(ended), "b_batch": batch_id})
     mapped.requeued = _requeue(conn, batch_id, [x.request_id for x in lines if x.kind in ("expired", "canceled")])
     mapped.kept = len(lines) - mapped.completed - mapped.failed - mapped.retried - mapped.requeued
+    mapped.cache_hits = _settle_twins(conn, dialect, [x.request_id for x in lines])
     return mapped
+
+
+def _settle_twins(conn: Connection, dialect: Dialect, ids: list[int]) -> list[tuple[int, int]]:
+    """The twins of these requests (response cache): answered from them, or released."""
+    ended = ENDED.bind([{"id": i} for i in ids])
+    answered = [(int(i), int(c)) for i, c in dialect.execute(conn, TWINS_ANSWERED, ended)]
+    dialect.execute(conn, TWINS_RELEASED, ended)
+    return answered
 
 
 def _failed_attempts(conn: Connection, ids: list[int]) -> dict[int, int]:

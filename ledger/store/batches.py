@@ -93,7 +93,7 @@ _in_batch, _status = unindexed(_r.batch_id) == bindparam("b_batch"), unindexed(_
 
 _ATTACH = (
     update(requests)
-    .where(_r.id == _ATTACHED.c.id, _status == QUEUED, unindexed(_r.delivery) == BATCH)
+    .where(_r.id == _ATTACHED.c.id, _status == QUEUED, unindexed(_r.delivery) == BATCH, _r.twin_of.is_(None))
     .values(
         status=SUBMITTED,
         batch_id=bindparam("b_batch"),
@@ -149,7 +149,7 @@ class BatchQueries:
         key = (_r.provider, _r.model, _r.batch_key, _r.job_id)
         query = (
             select(*key, func.count(), func.min(_r.next_attempt_at) <= db_now_plus(-wait_seconds))
-            .where(_r.status == QUEUED, _r.delivery == BATCH, _r.next_attempt_at <= db_now())
+            .where(_r.status == QUEUED, _r.delivery == BATCH, _r.next_attempt_at <= db_now(), _r.twin_of.is_(None))
             .group_by(*key)
             .order_by(func.min(_r.next_attempt_at))
         )
@@ -186,6 +186,7 @@ class BatchQueries:
                 _r.status == QUEUED,
                 _r.delivery == BATCH,
                 _r.next_attempt_at <= db_now(),
+                _r.twin_of.is_(None),  # twins never go in a batch: they wait for their original
                 _r.provider == group.provider,
                 _r.model == group.model,
                 _r.batch_key.is_(None) if group.batch_key is None else _r.batch_key == group.batch_key,

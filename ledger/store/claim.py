@@ -42,6 +42,7 @@ from sqlalchemy.engine import Connection, Engine
 from ledger.models import Job, LlmAttempt, LlmRequest, LlmWorker
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pools as pool_state
+from ledger.store.cache import sweep_twins
 from ledger.store.commit import transaction
 from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, read_json_column, unindexed
 from ledger.store.row_sets import bound_rows
@@ -121,6 +122,7 @@ _CANDIDATES = (
         _c.status == QUEUED,
         _c.delivery == Delivery.ONLINE.value,
         _c.next_attempt_at <= db_now(),
+        _c.twin_of.is_(None),  # a twin waits for its original's answer (`ledger.store.cache`)
         _c.endpoint.not_in(select(_FULL.c.endpoint)),
     )
     .order_by(_c.priority.desc(), _c.fair_seq, _c.id)
@@ -248,6 +250,8 @@ class ClaimQueries:
             # renewal (a database outage longer than the lease): it renews those first.
             _extend(conn, worker, lease_seconds, held)
         reclaimed_rows = self._reclaim_expired(conn, max_attempts) if reclaim else []
+        if reclaim:  # and twins whose original ended unseen by the writes that end originals
+            sweep_twins(conn)
         reclaim_ts = time.time()
         counts, state_rows = (
             self.dialect.run_all(conn, self._state_reads(worker, lease_seconds)) if read is None else read.found[:2]

@@ -253,6 +253,13 @@ class Dialect:
         conn.info[XID_KEY] = lock.rows[0][1]
         return results
 
+    def serialize_cache(self, conn: Connection) -> None:
+        """Take the response cache's lock until commit (`ledger.store.cache.resolve`): an enqueue
+        resolving its new requests sees every enqueue that resolved before it. SQLite: BEGIN
+        IMMEDIATE already holds the only write lock."""
+        if self.name == "postgresql":
+            conn.execute(_CACHE_LOCK)
+
     def run_all(self, conn: Connection, statements: Iterable[tuple[Any, dict[str, Any]]]) -> list[Ran]:
         """Hot statements (as `execute`) none of whose parameters depends on another's result,
         each result read whole. PostgreSQL gets them all in one round trip (`_in_one_query`),
@@ -451,6 +458,7 @@ class Dialect:
 # The transaction's id as `XID_KEY` keeps it (`commit.transaction` asks about it after a lost COMMIT).
 _XID = "pg_current_xact_id()::text"
 _CLAIM_LOCK = text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK}), {_XID}")
+_CACHE_LOCK = text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK_KEY} + 1)")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.fingerprint import BODY_FIELDS, body_hash
 from ledger.models import Job, LlmRequest
+from ledger.store.cache import NOTHING_RESOLVED, CachePolicy, Resolved, resolve
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import Dialect
 from ledger.store.lineage import link_sources
@@ -46,6 +47,9 @@ ROW_COLUMNS = (
     "api",
     "parse",
     "sources",
+    "cache_key",
+    "sample",
+    "use_cache",
 )
 _KEY_AT, _SOURCES_AT = ROW_COLUMNS.index("idempotency_key"), ROW_COLUMNS.index("sources")
 _KNOWN = select(requests.c.id, requests.c.idempotency_key, requests.c.body_hash).where(
@@ -79,6 +83,7 @@ class KeyConflict(Exception):
 class ChunkWritten:
     inserted: list[tuple[int, str]]  # (id, key) of each new row
     repeats: int  # keys that were already there with the same body
+    cache: Resolved = NOTHING_RESOLVED  # what the response cache did for the new rows
 
 
 class IntakeQueries:
@@ -106,9 +111,16 @@ class IntakeQueries:
         with reading(self.engine) as conn:
             return {job_id: max_fair_seq(conn, job_id) + 1 for job_id in job_ids}
 
-    def insert_chunk(self, rows: list[tuple[Any, ...]], hashes: dict[str, str], job_ids: set[str]) -> ChunkWritten:
-        """One transaction: the chunk's jobs (if new), its rows (keys already there skipped), and
-        for each skipped key the check that its stored body is the same (else `KeyConflict`).
+    def insert_chunk(
+        self,
+        rows: list[tuple[Any, ...]],
+        hashes: dict[str, str],
+        job_ids: set[str],
+        cache: CachePolicy | None = None,
+    ) -> ChunkWritten:
+        """One transaction: the chunk's jobs (if new), its rows (keys already there skipped), for
+        each skipped key the check that its stored body is the same (else `KeyConflict`), and
+        with a `cache` policy the new rows answered from the response cache where they can be.
 
         `rows` are tuples in `ROW_COLUMNS` order; `hashes` maps each of their keys (unique
         within the chunk) to its body hash.
@@ -127,7 +139,8 @@ class IntakeQueries:
                 for key in skipped:
                     if known[key].body_hash != hashes[key]:
                         raise KeyConflict(key, known[key].request_id)
-        return ChunkWritten(new, len(skipped))
+            resolved = resolve(conn, self.dialect, [rid for rid, _ in new], cache)
+        return ChunkWritten(new, len(skipped), resolved)
 
     def queue_depth(self) -> int:
         with reading(self.engine) as conn:

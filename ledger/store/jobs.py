@@ -15,7 +15,7 @@ Invariants every statement here keeps:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import and_, case, func, or_, select, update
@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import Job, Opinion
 from ledger.statuses import FINAL_STATUSES, JobStatus, RequestStatus
+from ledger.store.cache import CachePolicy, Hit
 from ledger.store.claim import job_spent, requests, spent_today, workers
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus
@@ -84,6 +85,7 @@ _RESULT_COLUMNS = (
 )
 _DERIVED = ("reasoning", "verdict_text", "parsed_verdict", "parse_error", "parsed")
 _OPINION_FIELDS = ("score", "argument", "cited_evidence", "request_id", "parse_error")
+_CELL = ("job_id", "agent", "dimension", "sample")  # an opinion's unique key
 
 
 class TriggerRefused(Exception):
@@ -99,6 +101,7 @@ class Staged:
     job_id: str
     created: bool  # False: the job id was triggered before, nothing was added
     requests: int  # the job's requests (new or, when not created, already there)
+    hits: list[Hit] = field(default_factory=list)  # of the new requests: answered from the cache
 
 
 class JobQueries:
@@ -112,7 +115,13 @@ class JobQueries:
     # -- trigger ---------------------------------------------------------------
 
     def stage_job(
-        self, job: dict[str, Any], rows: list[dict[str, Any]], *, capacity: int, daily_budget: float | None
+        self,
+        job: dict[str, Any],
+        rows: list[dict[str, Any]],
+        *,
+        capacity: int,
+        daily_budget: float | None,
+        cache: CachePolicy | None = None,
     ) -> Staged:
         """Write the job and its requests at once, or refuse with nothing written."""
         with transaction(self.engine, self.dialect) as conn:
@@ -137,16 +146,18 @@ class JobQueries:
                     **job, kind=EVAL_KIND, status=RUNNING_JOB, phase="staged", created_at=db_now(), updated_at=db_now()
                 )
             )
-            self.enqueue_in(conn, rows)
-        return Staged(job["id"], True, len(rows))
+            result = self.enqueue_in(conn, rows, cache=cache)
+        return Staged(job["id"], True, len(rows), result.hits)
 
-    def add_job_requests(self, job_id: str, rows: list[dict[str, Any]]) -> int:
+    def add_job_requests(
+        self, job_id: str, rows: list[dict[str, Any]], cache: CachePolicy | None = None
+    ) -> EnqueueResult:
         """Gap-filling requests of a job still running (idempotent keys: a repeat adds nothing)."""
         with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
             if not _still_running(conn, job_id):  # canceled (or ended) since the coordinator read it
-                return 0
-            return int(self.enqueue_in(conn, rows).inserted)
+                return EnqueueResult(0, 0, 0, [])
+            return self.enqueue_in(conn, rows, cache=cache)
 
     # -- reading ---------------------------------------------------------------
 
@@ -296,32 +307,34 @@ class JobQueries:
                 if conn.execute(update(requests).where(*where).values(**values, parsed_at=db_now())).rowcount:
                     first_parsed.add(request_id)
             for opinion in new_opinions:
-                row = {"job_id": job_id, **{k: opinion.get(k) for k in ("agent", "dimension", *_OPINION_FIELDS)}}
+                cell = {
+                    "job_id": job_id,
+                    "agent": opinion["agent"],
+                    "dimension": opinion["dimension"],
+                    "sample": opinion.get("sample", 0),
+                }
+                row = {**cell, **{k: opinion.get(k) for k in _OPINION_FIELDS}}
                 if overwrite:
                     stmt = self.dialect.upsert(
-                        opinions,
-                        ["job_id", "agent", "dimension"],
-                        {"job_id": job_id, "agent": opinion["agent"], "dimension": opinion["dimension"]},
-                        {name: opinion.get(name) for name in _OPINION_FIELDS},
+                        opinions, list(_CELL), cell, {name: opinion.get(name) for name in _OPINION_FIELDS}
                     )
                     conn.execute(stmt)
                     continue
-                stmt = self.dialect.insert_ignore(opinions, ["job_id", "agent", "dimension"]).values(
-                    **row, created_at=db_now()
-                )
+                stmt = self.dialect.insert_ignore(opinions, list(_CELL)).values(**row, created_at=db_now())
                 if conn.execute(stmt).rowcount:
                     inserted.append(opinion)
             if overwrite:  # recomputed from scratch: cells no longer concluded lose their opinion
-                kept = {(o["agent"], o["dimension"]) for o in new_opinions}
-                for agent, dimension in conn.execute(
-                    select(opinions.c.agent, opinions.c.dimension).where(opinions.c.job_id == job_id)
+                kept = {(o["agent"], o["dimension"], o.get("sample", 0)) for o in new_opinions}
+                for agent, dimension, sample in conn.execute(
+                    select(opinions.c.agent, opinions.c.dimension, opinions.c.sample).where(opinions.c.job_id == job_id)
                 ).all():
-                    if (agent, dimension) not in kept:
+                    if (agent, dimension, sample) not in kept:
                         conn.execute(
                             opinions.delete().where(
                                 opinions.c.job_id == job_id,
                                 opinions.c.agent == agent,
                                 opinions.c.dimension == dimension,
+                                opinions.c.sample == sample,
                             )
                         )
                 rebuilt = [o["error_line"] for o in new_opinions if o.get("error_line")]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import (
@@ -37,6 +37,7 @@ from ledger.models import Job
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import answers
 from ledger.store import pools as pool_state
+from ledger.store.cache import ENDED, TWINS_ANSWERED, TWINS_RELEASED, CachePolicy, Hit, Resolved, resolve
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import db_now, db_now_plus, storable, unindexed
@@ -80,6 +81,11 @@ class EnqueueResult:
     duplicates: int
     queue_depth: int  # queued requests after this enqueue
     inserted_rows: list[dict[str, Any]]  # id, key, trace of each new row; empty past KEEP_INSERTED_MAX
+    cached: int = 0  # of the new rows: answered from the cache at once
+    twins: int = 0  # of the new rows: waiting for an identical request in flight
+    # The hits of an enqueue made in one transaction (a job's), for the caller to announce once
+    # committed; an enqueue in chunks (`ledger.intake`) announces each chunk's and leaves it empty.
+    hits: list[Hit] = field(default_factory=list)
 
 
 def _kind(outcome: Outcome) -> str:
@@ -304,10 +310,18 @@ class QueueQueries(ClaimQueries):
         with transaction(self.engine, self.dialect) as conn:
             return self.enqueue_in(conn, rows, batch_size)
 
-    def enqueue_in(self, conn: Connection, rows: Iterable[dict[str, Any]], batch_size: int = 1000) -> EnqueueResult:
-        """`enqueue` inside a transaction the caller holds (a job staged with its requests)."""
+    def enqueue_in(
+        self,
+        conn: Connection,
+        rows: Iterable[dict[str, Any]],
+        batch_size: int = 1000,
+        cache: CachePolicy | None = None,
+    ) -> EnqueueResult:
+        """`enqueue` inside a transaction the caller holds (a job staged with its requests); with
+        a `cache` policy, new rows are answered from the response cache where they can be."""
         kept: list[dict[str, Any]] = []
         inserted = seen = 0
+        resolved: list[Resolved] = []
         next_seq: dict[str | None, int] = {}
         batch: list[dict[str, Any]] = []
         for row in rows:
@@ -320,13 +334,23 @@ class QueueQueries(ClaimQueries):
             next_seq[job_id] += 1
             if len(batch) >= batch_size:
                 new = self._insert_batch(conn, batch)
+                resolved.append(resolve(conn, self.dialect, [r["id"] for r in new], cache))
                 seen, inserted, batch = seen + len(batch), inserted + len(new), []
                 kept = kept + new if len(kept) + len(new) <= KEEP_INSERTED_MAX else []
         if batch:
             new = self._insert_batch(conn, batch)
+            resolved.append(resolve(conn, self.dialect, [r["id"] for r in new], cache))
             seen, inserted = seen + len(batch), inserted + len(new)
             kept = kept + new if len(kept) + len(new) <= KEEP_INSERTED_MAX else []
-        return EnqueueResult(inserted, seen - inserted, queued_count(conn), kept if len(kept) == inserted else [])
+        return EnqueueResult(
+            inserted,
+            seen - inserted,
+            queued_count(conn),
+            kept if len(kept) == inserted else [],
+            cached=sum(len(r.hits) for r in resolved),
+            twins=sum(r.twins for r in resolved),
+            hits=[hit for r in resolved for hit in r.hits],
+        )
 
     def id_for_key(self, idempotency_key: str) -> int:
         with reading(self.engine) as conn:
@@ -385,10 +409,15 @@ class QueueQueries(ClaimQueries):
         if claim_for and quiet and not limits.get("reclaim", True) and not self.learning & endpoints:
             freed = sum(len(of_kind) for kind, of_kind in by_kind.items() if kind != "retry_hold")
             reads = self.claim_reads(claim_for, limits["lease_seconds"], freed)
+        # Then the twins of the requests this group ended (response cache): answered from them,
+        # or released when they ended without a source's answer.
+        ended = ENDED.bind([{"id": o.request.id} for o in outcomes])
+        twins = [(TWINS_ANSWERED, ended), (TWINS_RELEASED, ended)]
         with transaction(self.engine, self.dialect) as conn:
             # The lock, the group's updates and the claim's reads: one round trip on PostgreSQL.
-            results = self.dialect.serialize_claimers(conn, *updates, *(reads.statements if reads else ()))
-            wrote, read_ahead = results[: len(updates)], results[len(updates) :]
+            results = self.dialect.serialize_claimers(conn, *updates, *twins, *(reads.statements if reads else ()))
+            wrote, read_ahead = results[: len(updates)], results[len(updates) + len(twins) :]
+            answered_twins = [(int(i), int(c)) for i, c in results[len(updates)].rows]
             counted = [r for (stmt, _), r in zip(updates, wrote, strict=True) if stmt is not _FINISH_ATTEMPTS]
             matched = sum(r.rowcount for r in counted)
             # Every fenced update matched its row (the usual case): nothing more to read.
@@ -423,7 +452,7 @@ class QueueQueries(ClaimQueries):
             else:
                 claim, active = None, self._active(conn)
             ts = time.time()
-        return Recorded(written, active, ts, claim)
+        return Recorded(written, active, ts, claim, answered_twins)
 
     def _sort_out(self, conn: Connection, outcomes: list[Outcome]) -> list[Written]:
         """Per outcome, after the live updates: applied, ended by a waiting cancel, or refused."""

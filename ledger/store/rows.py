@@ -161,3 +161,5 @@ class Recorded:
     active_slots: int  # in flight after the outcomes, before any claim made in the same transaction
     ts_before_commit: float
     claim: Claim | None = None
+    # Twins answered from this group's originals (request id, cached_from): response cache hits.
+    cache_hits: list[tuple[int, int]] = field(default_factory=list)

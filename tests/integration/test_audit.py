@@ -115,10 +115,12 @@ def test_show_unknown_id_is_a_clear_error(sqlite_url: str) -> None:
 def test_readme_audit_queries_run_and_answer(db_url: str) -> None:
     ids = populate(db_url)
     queries = re.findall(r"```sql\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(queries) == 5
+    assert len(queries) == 6
     store = Store(db_url)
     with store.engine.connect() as conn:
-        saw_429, spend, batches, in_flight, not_stopped = (conn.execute(text(q)).mappings().all() for q in queries)
+        saw_429, spend, batches, in_flight, not_stopped, cache = (
+            conn.execute(text(q)).mappings().all() for q in queries
+        )
     store.close()
     assert [dict(r) for r in not_stopped] == [
         {"model": "gpt-4o-mini", "finish_reason": "length", "answers": 1, "cached_input_tokens": 16, "cost_usd": 0.5}
@@ -126,6 +128,7 @@ def test_readme_audit_queries_run_and_answer(db_url: str) -> None:
     assert [(r["id"], r["status"], r["rate_limited_attempts"]) for r in saw_429] == [(ids["ok"], "completed", 1)]
     assert [(r["model"], r["requests"], r["input_tokens"]) for r in spend] == [("gpt-4o-mini", 1, 20)]
     assert in_flight == [] and batches == []  # batches: see test_provider_batches
+    assert cache == []  # cache savings: see test_response_cache
 
 
 def test_ledger_counts_behind_the_metrics_gauges(db_url: str) -> None:

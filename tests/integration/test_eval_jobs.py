@@ -7,16 +7,19 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from sqlalchemy import text
+from typer.testing import CliRunner
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from adapters.mock_provider.answers import chat_answer
 from ledger.api import Ledger
+from ledger.cli import app
 from ledger.evaluation import FAILED_ARGUMENT
 from ledger.jobs import TriggerRefused, reparse, trigger
 from ledger.parsing import parse_verdict
@@ -366,3 +369,58 @@ def test_a_judge_cut_off_at_max_tokens_is_flagged_and_counted_while_the_job_runs
     report = CliRunner().invoke(app, ["report", "terse"], env={"LEDGER_DATABASE_URL": db_url})
     assert report.exit_code == 0, report.output
     assert "3 answers cut off at max_tokens" in report.stdout.splitlines()
+
+
+def test_a_rerun_under_a_new_id_pays_only_for_what_changed(db_url: str, mock: RunningMockProvider) -> None:
+    """The example evaluation again under a new id with one judge's persona changed: 10 calls, 30
+    opinions; again unchanged under a third id: no call, 30 opinions (the response cache)."""
+    settings = batch_settings(db_url, mock)
+    store = Store(db_url)
+    first = replace(load_spec(EXAMPLE), id="cache-run-1")
+    trigger(store, settings, first)
+    run(settings)
+    assert mock.stats()["calls"] == 30
+    changed = replace(
+        first,
+        id="cache-run-2",
+        agents=(replace(first.agents[0], system="You are a terse reviewer."), *first.agents[1:]),
+    )
+    trigger(store, settings, changed)
+    run(settings)
+    assert mock.stats()["calls"] == 40
+    trigger(store, settings, replace(first, id="cache-run-3"))
+    run(settings)
+    assert mock.stats()["calls"] == 40
+    for job_id in ("cache-run-2", "cache-run-3"):
+        job = store.get_job(job_id)
+        assert job is not None and job["status"] == "completed"
+        opinions = opinion_map(store, job_id)
+        assert len(opinions) == 30 and all(o["score"] is not None for o in opinions.values())
+    # The copies' opinions are the originals' scores; only the changed judge's are new answers.
+    before, after = opinion_map(store, "cache-run-1"), opinion_map(store, "cache-run-3")
+    assert {k: o["score"] for k, o in before.items()} == {k: o["score"] for k, o in after.items()}
+    copied = [store.get_request(o["request_id"]) for o in opinion_map(store, "cache-run-2").values()]
+    assert sum(1 for r in copied if r is not None and r["cached_from"] is not None) == 20
+    store.close()
+
+
+def test_samples_ask_every_cell_n_times_and_the_report_shows_means(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock)
+    store = Store(db_url)
+    spec = replace(load_spec(EXAMPLE), id="sampled", samples=3)
+    staged = trigger(store, settings, spec)
+    assert staged.requests == 90
+    run(settings)
+    assert mock.stats()["calls"] == 90  # each sample is its own question: none answered from another
+    opinions = store.opinions("sampled")
+    assert len(opinions) == 90
+    assert sorted({o["sample"] for o in opinions}) == [0, 1, 2]
+    report = CliRunner().invoke(app, ["report", "sampled"], env={"LEDGER_DATABASE_URL": db_url}, terminal_width=400)
+    assert report.exit_code == 0, report.output
+    assert "(3 samples a cell)" in report.output
+    agent, dimension = spec.agents[0].name, spec.dimensions[0].id
+    scores = [o["score"] for o in opinions if (o["agent"], o["dimension"]) == (agent, dimension)]
+    assert len(scores) == 3 and f"{sum(scores) / 3:.2f} (n=3," in report.output
+    as_json = CliRunner().invoke(app, ["report", "sampled", "--json"], env={"LEDGER_DATABASE_URL": db_url})
+    assert sorted({json.loads(line)["sample"] for line in as_json.output.splitlines()}) == [0, 1, 2]
+    store.close()

@@ -65,7 +65,7 @@ def test_open_requests_are_pending_not_gaps() -> None:
 
 def test_partial_structured_answer_leaves_gaps_for_what_is_missing_or_rejected() -> None:
     found = plan(spec(agents=("a",)), [structured(1, "a", [entry("d0"), entry("d1", score=9)])])
-    assert [(a.name, d.id) for a, d in found.gaps] == [("a", "d1"), ("a", "d2")]
+    assert [(a.name, d.id, s) for a, d, s in found.gaps] == [("a", "d1", 0), ("a", "d2", 0)]
     assert [(o["dimension"], o["score"]) for o in found.opinions] == [("d0", 3)]
     assert len(found.rejected[1]) == 1 and found.derived[1]["parse_error"] == "2 of 3 dimensions missing or rejected"
 

@@ -1,0 +1,245 @@
+"""The response cache's SQL: a request answered from an identical one the ledger already holds,
+or made to wait for an identical one in flight (its twin), instead of being paid for again.
+
+Two requests with one `cache_key` ask the same question for the same sample
+(`ledger.fingerprint.cache_key`). A *source* is an original answer worth copying: a request
+`completed` by a provider (not itself a copy: `cached_from` is NULL), whose answer was not cut
+off at its token limit. Every statement here keeps to that definition (`_is_source`).
+
+- At enqueue (`resolve`, in the enqueue's own transaction): a new request that allows the cache
+  and has a source is written `completed` at once, its answer copied (`cached_from` the
+  source, cost 0, tokens kept as the answer's); one that has no source but an identical request
+  in flight (queued, running or submitted, not itself waiting) waits for it (`twin_of`), and is
+  never claimed meanwhile (`WAITING` is excluded from every claim and batch).
+- When an original ends, in the transaction that records it (`TWINS_ANSWERED`, `TWINS_RELEASED`,
+  run by the group commit and by batch mapping): its twins complete from it as cache hits; or,
+  when it ended without a source's answer (error, canceled, cut off), the first of its twins
+  becomes the original and the others wait for that one.
+- The claim's periodic sweep (`sweep_twins`) settles twins whose original ended in a way the
+  statements above did not see (a cancel, a race with an enqueue on PostgreSQL).
+
+A twin's answer is copied with its parsed fields only when both parse alike (`parse`); an
+enqueue's twin is found among requests that parse alike for the same reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import BigInteger, and_, bindparam, case, column, func, not_, or_, select, true, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.expression import ColumnElement
+
+from ledger.models import LlmRequest
+from ledger.statuses import RequestStatus
+from ledger.store.dialect import Dialect, db_now, db_now_plus, db_today
+from ledger.store.row_sets import bound_rows
+
+requests = LlmRequest.__table__  # type: ignore[attr-defined]
+_r = requests.c
+QUEUED, RUNNING, COMPLETED = RequestStatus.QUEUED.value, RequestStatus.RUNNING.value, RequestStatus.COMPLETED.value
+IN_FLIGHT = (QUEUED, RUNNING, RequestStatus.SUBMITTED.value)
+# A request waiting for its twin: never claimed, never put in a batch.
+WAITING = _r.twin_of.is_not(None)
+# The answer's columns a hit copies, and its parsed fields (copied when both parse alike).
+ANSWER_COLUMNS = (
+    "raw_output",
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "finish_reason",
+    "provider_finish_reason",
+    "tool_calls",
+    "refusal",
+    "thinking",
+    "response",
+    "last_status_code",
+)
+DERIVED_COLUMNS = ("reasoning", "verdict_text", "parsed_verdict", "parse_error", "parsed", "parsed_at")
+# A source at most this old when LEDGER_CACHE_MAX_AGE_DAYS is unset: a hundred years.
+NO_AGE_LIMIT_DAYS = 36_500
+
+
+def _is_source(t: Any) -> ColumnElement[bool]:
+    """`t` (a `requests` alias's columns) holds an original answer worth copying."""
+    return and_(
+        t.status == COMPLETED,
+        t.cached_from.is_(None),
+        or_(t.finish_reason.is_(None), t.finish_reason != "length"),
+    )
+
+
+def _in_flight(t: Any) -> ColumnElement[bool]:
+    """`t` is queued, running or submitted (no IN list: the hot statements bind no expanding list)."""
+    return or_(*[t.status == status for status in IN_FLIGHT])
+
+
+def _copied_from(src: Any) -> dict[str, Any]:
+    """The values a request completed from `src` (a `requests` alias's columns) takes."""
+    alike = _r.parse.is_not_distinct_from(src.parse)
+    return {
+        **{name: src[name] for name in ANSWER_COLUMNS},
+        **{name: case((alike, src[name]), else_=None) for name in DERIVED_COLUMNS},
+        "status": COMPLETED,
+        "cost_usd": 0.0,
+        "reserved_usd": None,
+        "cached_from": src.id,
+        "twin_of": None,
+        "error_code": None,
+        "error_message": None,
+        "completed_at": db_now(),
+        "updated_at": db_now(),
+    }
+
+
+_src, _cand = requests.alias("src"), requests.alias("cand")
+_FIRST_SOURCE = (
+    select(func.min(_cand.c.id))
+    .where(
+        _cand.c.cache_key == _r.cache_key,
+        _is_source(_cand.c),
+        _cand.c.completed_at >= db_now_plus(bindparam("b_age")),
+    )
+    .scalar_subquery()
+)
+_NEW = _r.id.in_(bindparam("b_ids", expanding=True))
+_MAY_USE = and_(_NEW, _r.use_cache == true(), _r.status == QUEUED, _r.cache_key.is_not(None), _r.twin_of.is_(None))
+_HITS = (
+    update(requests)
+    .where(_MAY_USE, _src.c.cache_key == _r.cache_key, _src.c.id == _FIRST_SOURCE)
+    .values(**_copied_from(_src.c))
+    .returning(_r.id, _r.cached_from, _r.endpoint)
+)
+# The request in flight a new one waits for: the first identical one (parsed alike) before it
+# that waits for none; so the first of several identical new requests is the others' original.
+_ORIGINAL = (
+    select(func.min(_cand.c.id))
+    .where(
+        _cand.c.cache_key == _r.cache_key,
+        _cand.c.status.in_(IN_FLIGHT),
+        _cand.c.twin_of.is_(None),
+        # Before it, or in another (committed) enqueue: the first of several new ones is the original.
+        or_(_cand.c.id < _r.id, _cand.c.id.not_in(bindparam("b_ids", expanding=True))),
+        _cand.c.parse.is_not_distinct_from(_r.parse),
+    )
+    .scalar_subquery()
+)
+_TWINS = update(requests).where(_MAY_USE).values(twin_of=_ORIGINAL).returning(_r.id, _r.twin_of)
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """An enqueue's use of the cache (`Settings.cache_policy`; None where LEDGER_CACHE=off)."""
+
+    max_age_days: float | None = None  # the oldest source copied (None: any age)
+
+
+@dataclass(frozen=True)
+class Hit:
+    request_id: int
+    cached_from: int
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the cache did for an enqueue's new requests."""
+
+    hits: list[Hit]
+    twins: int
+
+
+NOTHING_RESOLVED = Resolved([], 0)
+
+
+def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePolicy | None) -> Resolved:
+    """Answer `ids` (new requests, inside their enqueue's transaction) from the cache where a
+    source exists; make those with an identical request in flight wait for it.
+
+    Enqueues resolve one at a time (`Dialect.serialize_cache`): one that commits first is seen
+    whole by the next, whose identical requests wait for its originals."""
+    if not ids or policy is None:
+        return NOTHING_RESOLVED
+    dialect.serialize_cache(conn)
+    max_age_days = policy.max_age_days
+    age = -float(max_age_days if max_age_days is not None else NO_AGE_LIMIT_DAYS) * 86400.0
+    hits = [Hit(int(i), int(c), str(e)) for i, c, e in conn.execute(_HITS, {"b_ids": ids, "b_age": age})]
+    twins = sum(1 for _, twin_of in conn.execute(_TWINS, {"b_ids": ids}) if twin_of is not None)
+    return Resolved(hits, twins)
+
+
+# -- when an original ends ------------------------------------------------------
+
+# The requests whose outcomes a transaction wrote (a group commit's, a chunk of batch results').
+ENDED = bound_rows("e", "b_ended", column("id", BigInteger), keys="b_ended_ids")
+_orig = requests.alias("orig")
+_o = _orig.c
+
+
+def _answered(originals: ColumnElement[bool]) -> Any:
+    """Twins of the originals `originals` selects that have a source's answer: completed from it."""
+    return (
+        update(requests)
+        .where(_r.twin_of == _o.id, _r.status == QUEUED, originals, _is_source(_o))
+        .values(**_copied_from(_o))
+    )
+
+
+def _released(originals: ColumnElement[bool]) -> Any:
+    """Twins of the originals `originals` selects that ended without a source's answer (error,
+    canceled, cut off): the first of each original's twins is claimed normally, the rest wait
+    for it. The first is picked per original before any row changes (an aggregate)."""
+    twin = requests.alias("twin")
+    ended = (
+        select(twin.c.twin_of.label("old"), func.min(twin.c.id).label("first"))
+        .where(
+            twin.c.twin_of == _o.id,
+            twin.c.status == QUEUED,
+            originals,
+            not_(_in_flight(_o)),
+            not_(_is_source(_o)),
+        )
+        .group_by(twin.c.twin_of)
+        .subquery("ended")
+    )
+    return (
+        update(requests)
+        .where(_r.twin_of == ended.c.old, _r.status == QUEUED)
+        .values(twin_of=case((_r.id == ended.c.first, None), else_=ended.c.first), updated_at=db_now())
+    )
+
+
+# Run with the outcomes they follow (hot statements: `ENDED.bind([{"id": ...}, ...])`).
+TWINS_ANSWERED = _answered(ENDED.match(_o.id)).returning(_r.id, _r.cached_from)
+TWINS_RELEASED = _released(ENDED.match(_o.id))
+_SWEEP = (_answered(true()), _released(true()))
+
+
+def sweep_twins(conn: Connection) -> int:
+    """Every waiting twin whose original has ended: answered from it, or released. Returns how
+    many twins it changed."""
+    return sum(int(conn.execute(stmt).rowcount or 0) for stmt in _SWEEP)
+
+
+# -- what the cache saved ---------------------------------------------------------
+
+_HITS_TODAY = (
+    select(func.count(), func.coalesce(func.sum(_src.c.cost_usd), 0.0))
+    .select_from(requests.join(_src, _src.c.id == _r.cached_from))
+    .where(_r.cached_from.is_not(None), _r.completed_at >= db_today())
+)
+_HITS_BY_POOL = select(_r.endpoint, func.count()).where(_r.cached_from.is_not(None)).group_by(_r.endpoint)
+
+
+def hits_today(conn: Connection) -> tuple[int, float]:
+    """Requests answered from the cache today (UTC), and what their sources cost."""
+    count, saved = conn.execute(_HITS_TODAY).one()
+    return int(count), float(saved or 0.0)
+
+
+def hits_by_pool(conn: Connection) -> dict[str, int]:
+    """Requests ever answered from the cache, per pool."""
+    return {str(endpoint): int(n) for endpoint, n in conn.execute(_HITS_BY_POOL)}
