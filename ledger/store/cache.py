@@ -24,6 +24,7 @@ enqueue's twin is found among requests that parse alike for the same reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from sqlalchemy.sql.expression import ColumnElement
 
 from ledger.models import LlmRequest
 from ledger.statuses import RequestStatus
-from ledger.store.dialect import Dialect, db_now, db_now_plus, db_today
+from ledger.store.dialect import Dialect, db_now, db_now_plus, db_today, unindexed
 from ledger.store.row_sets import bound_rows
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -64,17 +65,18 @@ NO_AGE_LIMIT_DAYS = 36_500
 
 
 def _is_source(t: Any) -> ColumnElement[bool]:
-    """`t` (a `requests` alias's columns) holds an original answer worth copying."""
+    """`t` (a `requests` alias's columns) holds an original answer worth copying. Sources are
+    always reached by key or by id, never through the status index (every completed request)."""
     return and_(
-        t.status == COMPLETED,
+        unindexed(t.status) == COMPLETED,
         t.cached_from.is_(None),
         or_(t.finish_reason.is_(None), t.finish_reason != "length"),
     )
 
 
-def _in_flight(t: Any) -> ColumnElement[bool]:
+def _in_flight(t: Any, status: Callable[[Any], Any] = lambda c: c) -> ColumnElement[bool]:
     """`t` is queued, running or submitted (no IN list: the hot statements bind no expanding list)."""
-    return or_(*[t.status == status for status in IN_FLIGHT])
+    return or_(*[status(t.status) == value for value in IN_FLIGHT])
 
 
 def _copied_from(src: Any) -> dict[str, Any]:
@@ -119,7 +121,7 @@ _ORIGINAL = (
     select(func.min(_cand.c.id))
     .where(
         _cand.c.cache_key == _r.cache_key,
-        _cand.c.status.in_(IN_FLIGHT),
+        _in_flight(_cand.c, unindexed),
         _cand.c.twin_of.is_(None),
         # Before it, or in another (committed) enqueue: the first of several new ones is the original.
         or_(_cand.c.id < _r.id, _cand.c.id.not_in(bindparam("b_ids", expanding=True))),
@@ -179,26 +181,28 @@ _orig = requests.alias("orig")
 _o = _orig.c
 
 
-def _answered(originals: ColumnElement[bool]) -> Any:
-    """Twins of the originals `originals` selects that have a source's answer: completed from it."""
+def _answered(twins: ColumnElement[bool]) -> Any:
+    """Twins (`twins` selects them by `twin_of`) whose original has a source's answer: completed
+    from it. Twins are found by `twin_of` through its partial index, never by a scan."""
     return (
         update(requests)
-        .where(_r.twin_of == _o.id, _r.status == QUEUED, originals, _is_source(_o))
+        .where(_r.twin_of.is_not(None), twins, _o.id == _r.twin_of, unindexed(_r.status) == QUEUED, _is_source(_o))
         .values(**_copied_from(_o))
     )
 
 
-def _released(originals: ColumnElement[bool]) -> Any:
-    """Twins of the originals `originals` selects that ended without a source's answer (error,
-    canceled, cut off): the first of each original's twins is claimed normally, the rest wait
-    for it. The first is picked per original before any row changes (an aggregate)."""
+def _released(twins: Callable[[Any], ColumnElement[bool]]) -> Any:
+    """Twins (`twins(alias)` selects them by `twin_of`) whose original ended without a source's
+    answer (error, canceled, cut off): the first of each original's twins is claimed normally,
+    the rest wait for it. The first is picked per original before any row changes (an aggregate)."""
     twin = requests.alias("twin")
     ended = (
         select(twin.c.twin_of.label("old"), func.min(twin.c.id).label("first"))
         .where(
-            twin.c.twin_of == _o.id,
-            twin.c.status == QUEUED,
-            originals,
+            twin.c.twin_of.is_not(None),
+            twins(twin.c.twin_of),
+            _o.id == twin.c.twin_of,
+            unindexed(twin.c.status) == QUEUED,
             not_(_in_flight(_o)),
             not_(_is_source(_o)),
         )
@@ -207,15 +211,16 @@ def _released(originals: ColumnElement[bool]) -> Any:
     )
     return (
         update(requests)
-        .where(_r.twin_of == ended.c.old, _r.status == QUEUED)
+        # Looked up by `twin_of` from the few originals that ended, never by status (the queue).
+        .where(_r.twin_of.is_not(None), _r.twin_of == ended.c.old, unindexed(_r.status) == QUEUED)
         .values(twin_of=case((_r.id == ended.c.first, None), else_=ended.c.first), updated_at=db_now())
     )
 
 
 # Run with the outcomes they follow (hot statements: `ENDED.bind([{"id": ...}, ...])`).
-TWINS_ANSWERED = _answered(ENDED.match(_o.id)).returning(_r.id, _r.cached_from)
-TWINS_RELEASED = _released(ENDED.match(_o.id))
-_SWEEP = (_answered(true()), _released(true()))
+TWINS_ANSWERED = _answered(ENDED.match(_r.twin_of)).returning(_r.id, _r.cached_from)
+TWINS_RELEASED = _released(ENDED.match)
+_SWEEP = (_answered(true()), _released(lambda _: true()))
 
 
 def sweep_twins(conn: Connection) -> int:
