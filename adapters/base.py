@@ -151,6 +151,7 @@ class ProviderError(Exception):
         code: str = "provider_error",
         retry_after: float | None = None,
         limits: RateLimits | None = None,
+        quota: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -159,6 +160,10 @@ class ProviderError(Exception):
         self.code = code
         self.retry_after = retry_after
         self.limits = limits  # the provider's rate-limit headers, when it sent any
+        # The account's quota or balance is spent (why, in one line): no retry fixes it soon, and
+        # every request of the pool would be refused alike. The pool is paused, not the request
+        # failed (`ledger.executor`).
+        self.quota = quota
         # A batch refused at create: which entries the provider named (see BatchRejection).
         self.rejections: tuple[BatchRejection, ...] = ()
 
@@ -472,13 +477,15 @@ def raise_error_in_body(data: Any, status_code: int) -> None:
 def classify_status(status_code: int, message: str, body: Any = None, headers: Any = None) -> ProviderError:
     """Turn an HTTP error status into a ProviderError with the ledger's retry rules.
 
-    A 429 whose body says the quota is exhausted (`insufficient_quota`) will not
-    clear by waiting, so it is not retried; every other 429 is.
+    A spent quota or balance will not clear by retrying soon: OpenAI's 429 `insufficient_quota`,
+    Anthropic's 400 saying the credit balance is too low. Neither is retried; both carry the
+    reason (`quota`) that pauses the pool. Every other 429 is retried.
     """
     code = _error_code(body) or f"http_{status_code}"
     retryable = status_code in RETRYABLE_STATUS
-    if status_code == 429 and code == "insufficient_quota":
-        retryable = False
+    quota = spent_quota(status_code, code, message)
+    if quota is not None:
+        retryable, code = False, "insufficient_quota" if status_code == 429 else "credit_balance_too_low"
     return ProviderError(
         message,
         status_code=status_code,
@@ -486,7 +493,17 @@ def classify_status(status_code: int, message: str, body: Any = None, headers: A
         code=code,
         retry_after=retry_after_seconds(headers),
         limits=read_rate_limits(headers),
+        quota=quota,
     )
+
+
+def spent_quota(status_code: int, code: str, message: str) -> str | None:
+    """Why an error means the account can pay for no more calls (None: it does not)."""
+    if status_code == 429 and code == "insufficient_quota":
+        return f"quota exhausted (insufficient_quota): {message}"[:300]
+    if status_code == 400 and "credit balance is too low" in message.lower():
+        return f"credit balance too low: {message}"[:300]
+    return None
 
 
 def _error_code(body: Any) -> str | None:

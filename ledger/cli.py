@@ -327,7 +327,13 @@ def status(
             "slots": {
                 "global": {"busy": busy, "total": settings.max_concurrent_llm_calls},
                 "pools": {
-                    endpoint: {"busy": u["running"], "total": settings.pool_limit(endpoint), "queued": u["queued"]}
+                    endpoint: {
+                        "busy": u["running"],
+                        "total": settings.pool_limit(endpoint),
+                        "queued": u["queued"],
+                        "paused_until": u["paused_until"],
+                        "paused_reason": u["paused_reason"],
+                    }
                     for endpoint, u in sorted(usage.items())
                 },
             },
@@ -362,6 +368,31 @@ def status(
             text_of(u["cooldown_until"]),
         )
     out.print(table)
+    for endpoint, u in sorted(usage.items()):
+        if u["paused_reason"]:
+            out.print(
+                f"pool {endpoint} paused until {text_of(u['paused_until'])}: {u['paused_reason']} "
+                f"(ledger pools resume {endpoint} lifts it)",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+
+pools_app = typer.Typer(help="Endpoint pools: what holds them back, and lifting a pause.", no_args_is_help=True)
+app.add_typer(pools_app, name="pools")
+
+
+@pools_app.command("resume")
+def resume_pool(
+    pool: Annotated[str, typer.Argument(help="The pool (provider:model, as `ledger status` names it).")],
+) -> None:
+    """Lift a pool's pause (its provider said the quota or balance was spent) at once."""
+    store = open_store(settings_or_exit())
+    with operator_errors():
+        resumed = store.resume_pool(pool)
+    if not resumed:
+        fail(f"pool {pool!r} is not paused", code=1)
+    out.print(f"pool {pool} resumed: its requests are claimed again", highlight=False)
 
 
 @app.command()

@@ -227,6 +227,8 @@ def job_status(store: Any, settings: Settings) -> dict[str, Any]:
                 "duration_s": round(now - _utc(started).timestamp(), 1) if started else None,
                 "spent_usd": round(progress["spent_usd"], 6),
                 "truncated": progress["truncated"],
+                # Pools paused by a spent quota that this job's queued requests wait on.
+                "paused_pools": store.job_paused_pools(job["id"]),
             }
         )
     spent = store.spend_today()
@@ -259,6 +261,12 @@ def print_job_status(status: dict[str, Any]) -> None:
             + (f"  {job['truncated']} cut off at max_tokens" if job["truncated"] else ""),
             highlight=False,
         )
+        for paused in job["paused_pools"]:
+            out.print(
+                f"    waits on pool {paused['pool']}, paused until {paused['until']}: {paused['reason']}",
+                highlight=False,
+                soft_wrap=True,
+            )
     budget = status["budget"]
     if budget["daily_limit_usd"] is None:
         out.print(f"budget: ${budget['spent_today_usd']:.2f} spent today (no daily limit)", highlight=False)

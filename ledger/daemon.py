@@ -162,7 +162,16 @@ async def _run(
     recorder = Recorder(store, lane, lambda claim: scheduler.slot_freed(claim), lambda: scheduler.claim_args())
     policy = RetryPolicy(settings.retry_initial_delay, settings.retry_max_delay, settings.retry_max_attempts)
     scheduler = Scheduler(
-        CallContext(store, lane, recorder, policy, settings.llm_call_timeout, settings.prices, settings.keeps_response),
+        CallContext(
+            store,
+            lane,
+            recorder,
+            policy,
+            settings.llm_call_timeout,
+            settings.prices,
+            settings.keeps_response,
+            settings.quota_recheck_seconds,
+        ),
         settings,
         worker,
         adapters,

@@ -225,6 +225,21 @@ def batch_submitted(
     )
 
 
+def quota_exhausted(pool: str, provider: str, reason: str, until: Any) -> None:
+    """A pool paused: its provider said the account's quota or balance is spent. One line per
+    pause (not per request): no request of the pool is claimed until `until`, then one probes."""
+    _emit(
+        logging.ERROR,
+        {
+            "event": "quota_exhausted",
+            "pool": pool,
+            "provider": provider,
+            "reason": reason,
+            "until": until.isoformat() if hasattr(until, "isoformat") else str(until),
+        },
+    )
+
+
 def cache_hit(request_id: int, cached_from: int) -> None:
     """A request answered from the response cache (at enqueue, or when the twin it waited for
     answered): no provider call, nothing spent."""

@@ -31,6 +31,7 @@ from ledger.store.rows import (
     Completed,
     Failed,
     PoolWindow,
+    QuotaPause,
     ReleasedRows,
     RetryLater,
     Written,
@@ -111,6 +112,7 @@ class CallContext:
     timeout_s: float
     prices: PriceTable
     keep_response: bool = True  # LEDGER_KEEP_RESPONSE=full: the provider's body is kept whole
+    quota_recheck_s: float = 900.0  # LEDGER_QUOTA_RECHECK_SECONDS: a spent balance's pause
 
     @cached_property
     def deadlines(self) -> CallDeadlines:
@@ -184,7 +186,13 @@ async def execute(
             )
             return
         failure = AttemptFailure(error.status_code, error.code, error.message, _ms(t0))
-        if not ctx.policy.should_retry(error, attempt):
+        if error.quota is not None:
+            # The account can pay for no more: every request of the pool would be refused alike.
+            # This one goes back to the queue without spending an attempt; the pool pauses.
+            pause = QuotaPause(error.quota, ctx.quota_recheck_s)
+            await ctx.recorder.submit(RetryLater(request, attempt, failure, 0.0, False, pause=pause))
+            return
+        if not ctx.policy.should_retry(error, attempt - request.parked):  # refusals for a spent quota not counted
             written = await ctx.recorder.submit(Failed(request, attempt, failure, _ms(started)))
             if written is not Written.APPLIED:  # ended canceled, or not ours any more: not an error of ours
                 return

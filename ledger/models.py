@@ -247,6 +247,9 @@ class LlmRequest(SQLModel, table=True):
     token_estimate: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     # When the parsers last derived reasoning / verdict from raw_output (NULL: not yet).
     parsed_at: datetime | None = _ts()
+    # Of `attempts`, those refused because the account's quota was spent (migration 0012): they
+    # count towards no retry limit.
+    parked: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     # The response cache (migration 0010): the hash of what decides the answer, with the
     # sample asked for (`ledger.enqueue.cache_key`); whether this request may be answered from
     # the cache; the request its answer was copied from (an original, never a copy); and,
@@ -321,6 +324,9 @@ class LlmPool(SQLModel, table=True):
     # The provider's headers said: this many more calls may start before `window_until`.
     window_left: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     window_until: datetime | None = _ts()
+    # Paused (migration 0012): the provider said the account's quota or balance is spent. No claim
+    # of the pool until `cooldown_until`, then one call probes (`learned_limit` 1 meanwhile).
+    paused_reason: str | None = Field(default=None, sa_column=Column(String(300), nullable=True))
 
 
 class LlmPoolCall(SQLModel, table=True):

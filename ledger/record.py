@@ -333,6 +333,8 @@ class Recorder:
         events.slots_released(ReleasedRows(freed_here, recorded.active_slots, recorded.ts_before_commit))
         for request_id, cached_from in recorded.cache_hits:
             events.cache_hit(request_id, cached_from)
+        for pool in recorded.paused:
+            events.quota_exhausted(pool.endpoint, pool.provider, pool.reason, pool.until)
         # A refused outcome frees nothing of ours (whoever took the row over freed the slot)
         # but still means its executor stops: wake the claim loop all the same.
         freed = any(w is not Written.APPLIED or _frees_slot(o) for o, w in pairs)

@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     # The response cache: `on`, a request identical to one the ledger answered (or is calling)
     # is answered from it (or waits for it) instead of being paid for again; `off`, never.
     cache: str = Field(default="on", alias="LEDGER_CACHE")
+    # A pool paused because its account's balance is spent waits this long before one request
+    # probes again (a failed probe pauses it as long again); `ledger pools resume` lifts it at once.
+    quota_recheck_seconds: float = Field(default=900.0, alias="LEDGER_QUOTA_RECHECK_SECONDS", ge=1)
     # The oldest answer the cache copies, in days (unset: any age).
     cache_max_age_days: float | None = Field(default=None, alias="LEDGER_CACHE_MAX_AGE_DAYS", gt=0)
     # Prometheus metrics of the daemon (`ledger daemon --metrics-port`): off unless a port is given;

@@ -45,6 +45,10 @@ class MockProviderAddress:
     def reset(self) -> None:
         httpx.post(self.base_url + "/_reset", timeout=10)
 
+    def spend_quota(self, model: str, spent: bool = True) -> None:
+        """Every call of `model` refused as by an account with no quota left (False: reset)."""
+        httpx.post(self.base_url + "/_quota", json={"model": model, "spent": spent}, timeout=10).raise_for_status()
+
 
 @dataclass
 class RunningMockProvider(MockProviderAddress):

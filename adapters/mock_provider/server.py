@@ -9,7 +9,9 @@ faults via `[[mock:...]]` directives in the prompt text:
 
     [[mock:fail=503x2]]   the first 2 calls of this prompt get 503 (`x*`: every call)
     [[mock:fail=429]]     429 with retry-after `[[mock:retry_after=S]]` (default 1 s)
-    [[mock:quota]]        429 insufficient_quota (not retryable)
+    [[mock:quota]]        the account's quota is spent: OpenAI 429 insufficient_quota, Anthropic 400
+                          credit balance too low (`POST /_quota {"model": M, "spent": true}`: every
+                          call of model M, until `"spent": false`)
     [[mock:refuse]]       the model refuses (OpenAI `refusal`, Anthropic `stop_reason: refusal`)
     [[mock:hang]]         the first call hangs for `hang_seconds` (past any timeout)
     [[mock:malformed]]    a 200 with a truncated body; `[[mock:error200]]`: a 200 with an error object
@@ -100,6 +102,7 @@ class MockProviderServer:
         self._rng = random.Random(self.config.seed)
         self._released: anyio.Event | None = None
         self.prompt_cache: set[str] = set()
+        self.quota_spent: set[str] = set()  # models whose account's quota is spent (`POST /_quota`)
         self.answered = Answered()
         self.batches = BatchStore(self.config, self._rng, self.prompt_cache, self.answered)
         self.reset()
@@ -263,6 +266,14 @@ class MockProviderServer:
         if method == "POST" and path == "/_release":
             self._latch().set()
             return json_reply(200, {"ok": True})
+        if method == "POST" and path == "/_quota":  # {"model": M, "spent": bool}: M's quota spent, or reset
+            asked = json.loads(body)
+            model = str(asked["model"])
+            if asked.get("spent"):
+                self.quota_spent.add(model)
+            else:
+                self.quota_spent.discard(model)
+            return json_reply(200, {"ok": True})
         if method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
             return await self._model_call("openai", body, stream, conn)
         if method == "POST" and path == "/v1/messages":
@@ -395,17 +406,9 @@ class MockProviderServer:
             return Reply(200, b'{"id": "cmpl-broken", "choices": [')
         if fault == "error200":
             return json_reply(200, {"error": {"message": "upstream provider error", "code": 502}})
-        if fault == "quota":
-            return json_reply(
-                429,
-                {
-                    "error": {
-                        "type": "insufficient_quota",
-                        "code": "insufficient_quota",
-                        "message": "You exceeded your current quota.",
-                    }
-                },
-            )
+        if fault == "quota" or str(payload.get("model")) in self.quota_spent:
+            self.status_counts["quota"] += 1
+            return quota_spent(wire)
         if fault is not None and fault.isdigit():
             status = int(fault)
             if status == 429:
@@ -429,6 +432,23 @@ class MockProviderServer:
             if self._rng.random() < rate:
                 return kind
         return None
+
+
+def quota_spent(wire: str) -> Reply:
+    """What each provider answers once the account can pay for no more: OpenAI a 429
+    `insufficient_quota`, Anthropic a 400 saying the credit balance is too low."""
+    if wire == "anthropic":
+        message = (
+            "Your credit balance is too low to access the Anthropic API. "
+            "Please go to Plans & Billing to upgrade or purchase credits."
+        )
+        return error_reply(wire, 400, "invalid_request_error", message)
+    error = {
+        "type": "insufficient_quota",
+        "code": "insufficient_quota",
+        "message": "You exceeded your current quota, please check your plan and billing details.",
+    }
+    return json_reply(429, {"error": error})
 
 
 def _rate_headers(wire: str, kind: str, limit: int, remaining: int, reset: float) -> list[tuple[str, str]]:

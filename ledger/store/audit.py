@@ -202,14 +202,21 @@ class AuditQueries:
                 .group_by(c.endpoint, c.status)
             ):
                 usage.setdefault(endpoint, _empty_pool())[status] = int(n)
-            for endpoint, until, cooling, learned in conn.execute(
+            for endpoint, until, cooling, learned, paused in conn.execute(
                 select(
-                    pools.c.endpoint, pools.c.cooldown_until, pools.c.cooldown_until > db_now(), pools.c.learned_limit
+                    pools.c.endpoint,
+                    pools.c.cooldown_until,
+                    pools.c.cooldown_until > db_now(),
+                    pools.c.learned_limit,
+                    pools.c.paused_reason,
                 )
             ):
                 pool = usage.setdefault(endpoint, _empty_pool())
                 pool["cooldown_until"] = until if cooling else None
                 pool["learned_limit"] = learned
+                # Paused (a spent quota): until the cooldown ends, then one request probes.
+                pool["paused_until"] = until if paused is not None and cooling else None
+                pool["paused_reason"] = paused if paused is not None and cooling else None
             return usage
 
     def ledger_counts(self) -> LedgerCounts:
@@ -258,4 +265,11 @@ def _seconds_between(earlier: Any, later: Any) -> float:
 
 
 def _empty_pool() -> dict[str, Any]:
-    return {"running": 0, "queued": 0, "cooldown_until": None, "learned_limit": None}
+    return {
+        "running": 0,
+        "queued": 0,
+        "cooldown_until": None,
+        "learned_limit": None,
+        "paused_until": None,
+        "paused_reason": None,
+    }

@@ -83,6 +83,7 @@ CLAIMED_COLUMNS = (
     _c.trace,
     _c.api,
     _c.parse,
+    _c.parked,
 )
 
 
@@ -102,6 +103,7 @@ def to_claimed(row: Any) -> ClaimedRequest:
         stored_trace=row.trace,
         api=row.api,
         parse=row.parse,
+        parked=row.parked,
     )
 
 
@@ -471,7 +473,7 @@ def _end_leases(conn: Connection, which: Any, end: LeaseEnd) -> list[ClaimedRequ
     the attempt counter keeps it, so the next claim continues with the next number.
     """
     canceled = _c.cancel_requested_at.is_not(None)
-    spent = _c.attempts >= end.max_attempts
+    spent = _c.attempts - _c.parked >= end.max_attempts  # calls refused for a spent quota do not count
     ending = case((canceled, CANCELED), (spent, ERROR), else_=QUEUED)
     rows = conn.execute(
         update(requests)

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.models import Job, Opinion
 from ledger.statuses import FINAL_STATUSES, JobStatus, RequestStatus
+from ledger.store import pools as pool_state
 from ledger.store.cache import CachePolicy, Hit
 from ledger.store.claim import job_spent, requests, spent_today, workers
 from ledger.store.commit import reading, transaction
@@ -190,6 +191,18 @@ class JobQueries:
             "spent_usd": spent,
             "truncated": cut,
         }
+
+    def job_paused_pools(self, job_id: str) -> list[dict[str, Any]]:
+        """The paused pools (a spent quota) this job's queued requests wait on."""
+        c, p = requests.c, pool_state.pools.c
+        query = (
+            select(p.endpoint, p.cooldown_until, p.paused_reason)
+            .where(p.paused_reason.is_not(None), p.cooldown_until > db_now())
+            .where(p.endpoint.in_(select(c.endpoint).where(c.job_id == job_id, c.status == RequestStatus.QUEUED.value)))
+            .order_by(p.endpoint)
+        )
+        with reading(self.engine) as conn:
+            return [{"pool": e, "until": u, "reason": r} for e, u, r in conn.execute(query)]
 
     def job_requests(self, job_id: str) -> list[dict[str, Any]]:
         with reading(self.engine) as conn:

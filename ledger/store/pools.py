@@ -49,7 +49,7 @@ from ledger.models import LlmAttempt, LlmPool, LlmPoolCall, LlmRequest
 from ledger.prices import DEFAULT_MAX_OUTPUT_TOKENS
 from ledger.statuses import AttemptOutcome, RequestStatus
 from ledger.store.dialect import Dialect, db_now, db_now_plus
-from ledger.store.rows import ClaimedRequest, Completed, Outcome, PoolWindow, RetryLater
+from ledger.store.rows import ClaimedRequest, Completed, Outcome, PausedPool, PoolWindow, RetryLater
 
 # Rounds of full-limit successes before trying one more slot.
 PROBE_ROUNDS = 10
@@ -345,8 +345,8 @@ def note_outcomes(
     """
     heard: dict[str, _Heard] = {}
     for o in outcomes:
-        if not isinstance(o, Completed | RetryLater):
-            continue
+        if not isinstance(o, Completed | RetryLater) or (isinstance(o, RetryLater) and o.pause is not None):
+            continue  # a spent quota teaches nothing about limits: it pauses the pool (`pause_pools`)
         h = heard.setdefault(o.request.endpoint, _Heard())
         if o.window is not None:
             h.window(o.window)
@@ -380,7 +380,9 @@ def quiet(outcomes: Iterable[Outcome], rules: PoolRules, windowed: Collection[st
         if not isinstance(o, Completed | RetryLater):
             continue
         endpoint = o.request.endpoint
-        if rules.capped(endpoint) or (isinstance(o, RetryLater) and o.failure.status_code == 429):
+        if rules.capped(endpoint) or (
+            isinstance(o, RetryLater) and (o.failure.status_code == 429 or o.pause is not None)
+        ):
             return False
         if o.window is not None and (o.window.remaining <= _MOST_CALLS or endpoint in windowed):
             return False
@@ -508,8 +510,56 @@ def _running_in_sql(endpoint: str) -> Any:
     )
 
 
+# Pools paused now: nothing of theirs is claimed (their cooldown) until the pause ends.
+PAUSED_POOLS = select(pools.c.endpoint).where(pools.c.paused_reason.is_not(None), pools.c.cooldown_until > db_now())
+
+
+def pause_pools(conn: Connection, dialect: Dialect, outcomes: Iterable[Outcome]) -> list[PausedPool]:
+    """Pause the pools whose account's quota or balance a group's outcomes say is spent: no daemon
+    claims them until the pause ends (their cooldown), then one request probes (learned limit 1)
+    and its answer ends the pause (`note_successes`) or a refusal starts another. Returns the
+    pools that were not paused before: each pause is announced once, not once per request."""
+    asked: dict[str, tuple[str, RetryLater]] = {}
+    for o in outcomes:
+        if isinstance(o, RetryLater) and o.pause is not None:
+            asked.setdefault(o.request.endpoint, (o.pause.reason, o))
+    paused = []
+    for endpoint, (reason, o) in sorted(asked.items()):
+        was = conn.execute(select(pools.c.endpoint).where(pools.c.endpoint == endpoint, *_PAUSED_NOW)).first()
+        assert o.pause is not None
+        until = db_now_plus(o.pause.seconds)
+        later = case((pools.c.cooldown_until > until, pools.c.cooldown_until), else_=until)
+        values = {"paused_reason": reason[:300], "learned_limit": 1, "successes": 0, "updated_at": db_now()}
+        first = {"endpoint": endpoint, "cooldown_until": until}
+        conn.execute(dialect.upsert(pools, ["endpoint"], first, values, on_conflict={"cooldown_until": later}))
+        if was is None:
+            ends = conn.execute(select(pools.c.cooldown_until).where(pools.c.endpoint == endpoint)).scalar_one()
+            paused.append(PausedPool(endpoint, o.request.provider, reason, ends))
+    return paused
+
+
+_PAUSED_NOW = (pools.c.paused_reason.is_not(None), pools.c.cooldown_until > db_now())
+
+
+def resume_pool(conn: Connection, endpoint: str) -> bool:
+    """Lift a pool's pause at once (`ledger pools resume`); False when it was not paused."""
+    return bool(
+        conn.execute(
+            update(pools)
+            .where(pools.c.endpoint == endpoint, pools.c.paused_reason.is_not(None))
+            .values(paused_reason=None, cooldown_until=None, learned_limit=None, successes=0, updated_at=db_now())
+        ).rowcount
+    )
+
+
 def note_successes(conn: Connection, counts: Mapping[str, int], probe_seconds: float) -> None:
-    """Successes per pool with a learned limit: enough of them in a row, and long enough, add one slot."""
+    """Successes per pool with a learned limit: enough of them in a row, and long enough, add one
+    slot. A paused pool's probe that succeeded ends its pause, and the limit it was held to."""
+    conn.execute(
+        update(pools)
+        .where(pools.c.endpoint.in_(sorted(counts)), pools.c.paused_reason.is_not(None))
+        .values(paused_reason=None, learned_limit=None, successes=0, updated_at=db_now())
+    )
     for endpoint, n in sorted(counts.items()):
         conn.execute(
             update(pools)

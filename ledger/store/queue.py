@@ -43,14 +43,30 @@ from ledger.store.commit import reading, transaction
 from ledger.store.dialect import db_now, db_now_plus, storable, unindexed
 from ledger.store.lineage import link_sources
 from ledger.store.row_sets import bound_rows
-from ledger.store.rows import ClaimedRequest, Completed, Failed, Outcome, Recorded, RetryLater, Written
+from ledger.store.rows import (
+    ClaimedRequest,
+    Completed,
+    Failed,
+    Outcome,
+    PausedPool,
+    Recorded,
+    RetryLater,
+    Written,
+)
 
 jobs = Job.__table__  # type: ignore[attr-defined]
 # New rows reported back for per-request events; beyond this an enqueue reports counts only,
 # so memory stays flat however large the input is.
 KEEP_INSERTED_MAX = 10_000
 # Any request queued (due or not), in flight, or waiting in a provider batch.
-REQUESTS_LEFT = select(requests.c.id).where(requests.c.status.in_([QUEUED, RUNNING, RequestStatus.SUBMITTED.value]))
+# Work left for a daemon: in flight, or queued in a pool that is not paused (a spent quota: what
+# waits for it is not work a daemon can do until the pause ends; `--until-idle` stops).
+REQUESTS_LEFT = select(requests.c.id).where(
+    or_(
+        requests.c.status.in_([RUNNING, RequestStatus.SUBMITTED.value]),
+        and_(requests.c.status == QUEUED, requests.c.endpoint.not_in(pool_state.PAUSED_POOLS)),
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,8 @@ def _kind(outcome: Outcome) -> str:
         return "completed"
     if isinstance(outcome, Failed):
         return "failed"
+    if outcome.pause is not None:
+        return "parked"
     return "retry_hold" if outcome.hold_slot else "retry_release"
 
 
@@ -262,6 +280,15 @@ _REQUEST_UPDATES = {
     "retry_hold": _fenced_update().values(**_RETRY),
     "retry_release": _fenced_update().values(
         status=QUEUED, lease_owner=None, lease_expires_at=None, reserved_usd=None, **_RETRY
+    ),
+    # A spent quota: back to the queue, the attempt not counted against the retry limit (`parked`).
+    "parked": _fenced_update().values(
+        status=QUEUED,
+        lease_owner=None,
+        lease_expires_at=None,
+        reserved_usd=None,
+        parked=requests.c.parked + 1,
+        **_RETRY,
     ),
 }
 # The same, closing the group's attempts in the same statement where the database can (PostgreSQL:
@@ -433,8 +460,10 @@ class QueueQueries(ClaimQueries):
             ]
             if parsed:
                 self.dialect.execute(conn, _WRITE_DERIVED, _D.bind(parsed))
+            paused: list[PausedPool] = []
             if not quiet:
                 pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
+                paused = pool_state.pause_pools(conn, self.dialect, outcomes)
             # Answers per pool: they count towards probing a learned limit up, and they prove a
             # pool's peak in slow start (the slots they freed were busy until now).
             answered = Counter(
@@ -452,7 +481,7 @@ class QueueQueries(ClaimQueries):
             else:
                 claim, active = None, self._active(conn)
             ts = time.time()
-        return Recorded(written, active, ts, claim, answered_twins)
+        return Recorded(written, active, ts, claim, answered_twins, paused)
 
     def _sort_out(self, conn: Connection, outcomes: list[Outcome]) -> list[Written]:
         """Per outcome, after the live updates: applied, ended by a waiting cancel, or refused."""
@@ -571,6 +600,12 @@ class QueueQueries(ClaimQueries):
             statuses = list(ended)
         marked = statuses.count(RUNNING)
         return CancelResult(len(statuses) - marked, marked)
+
+    def resume_pool(self, endpoint: str) -> bool:
+        """Lift a pool's pause (a spent quota) at once; False when it was not paused."""
+        with transaction(self.engine, self.dialect) as conn:
+            self.dialect.serialize_claimers(conn)
+            return pool_state.resume_pool(conn, endpoint)
 
     def online_providers(self) -> set[str]:
         """Providers with online work waiting: the adapters a starting daemon should build first."""

@@ -32,6 +32,7 @@ class ClaimedRequest:
     stored_trace: dict[str, Any] | str | None
     api: str | None = None  # chat | responses | messages (None: enqueued before migration 0008)
     parse: str | None = None  # how its answer is parsed when it comes (None: not here)
+    parked: int = 0  # of its attempts, those refused for a spent quota: they count for no retry limit
 
     @cached_property
     def trace(self) -> dict[str, Any]:
@@ -140,6 +141,17 @@ class RetryLater:
     pool_cooldown_s: float | None = None
     window: PoolWindow | None = None
     calls_out: int | None = None  # a 429: this daemon's other calls to the pool out when it came
+    # The account's quota is spent: the request goes back to the queue without spending an
+    # attempt, and the pool is paused (`pools.pause_pool`).
+    pause: QuotaPause | None = None
+
+
+@dataclass(frozen=True)
+class QuotaPause:
+    """Why a pool pauses (the provider's words), and for how long before one request probes."""
+
+    reason: str
+    seconds: float
 
 
 Outcome = Completed | Failed | RetryLater
@@ -163,3 +175,13 @@ class Recorded:
     claim: Claim | None = None
     # Twins answered from this group's originals (request id, cached_from): response cache hits.
     cache_hits: list[tuple[int, int]] = field(default_factory=list)
+    # Pools this group paused (a spent quota), for the one ERROR line each pause gets.
+    paused: list[PausedPool] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PausedPool:
+    endpoint: str
+    provider: str
+    reason: str
+    until: Any  # the database's timestamp

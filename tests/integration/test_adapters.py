@@ -113,6 +113,7 @@ def test_rate_limit_carries_retry_after(mock: RunningMockProvider) -> None:
 def test_spent_quota_is_not_retried(mock: RunningMockProvider) -> None:
     error = failure(openai(mock), ask("broke [[mock:quota]]"))
     assert (error.status_code, error.retryable, error.code) == (429, False, "insufficient_quota")
+    assert error.quota is not None and error.quota.startswith("quota exhausted (insufficient_quota)")
 
 
 def test_compatible_error_in_a_200_body_is_a_failure(mock: RunningMockProvider) -> None:

@@ -120,3 +120,12 @@ def test_tokens_counted_is_the_prompt_and_max_tokens_or_else_the_usage() -> None
     assert tokens_counted(answer, None) == (120, 30)
     assert tokens_counted(answer, True) == (120, 30)  # not a number of tokens
     assert tokens_counted(CallResult("ok"), 500) is None
+
+
+def test_a_spent_balance_is_told_apart_from_a_bad_request_and_from_a_rate_limit() -> None:
+    balance = "400: Your credit balance is too low to access the Anthropic API."
+    spent = classify_status(400, balance, {"type": "error", "error": {"type": "invalid_request_error"}})
+    assert (spent.retryable, spent.code) == (False, "credit_balance_too_low")
+    assert spent.quota is not None and spent.quota.startswith("credit balance too low")
+    assert classify_status(400, "400: max_tokens too large").quota is None
+    assert classify_status(429, "429: slow down", {"error": {"code": "rate_limit_exceeded"}}).quota is None

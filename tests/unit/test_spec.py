@@ -172,6 +172,9 @@ ERRORS: list[tuple[str, str, str]] = [
     ("negative budget", toml("budget_usd = -1"), "budget_usd: must be a number >= 0, got -1"),
     ("infinite budget", toml("budget_usd = inf"), "budget_usd: must be a number >= 0, got inf"),
     ("budget as string", toml('budget_usd = "5"'), "budget_usd: must be a number >= 0, got '5'"),
+    ("cache as string", toml('cache = "no"'), "cache: must be true or false, got 'no'"),
+    ("zero samples", toml("samples = 0"), "samples: must be an integer from 1 to 100, got 0"),
+    ("fractional samples", toml("samples = 2.5"), "samples: must be an integer from 1 to 100, got 2.5"),
     ("zero agents", toml(agents=()), "agents: at least one [[agents]] table is required"),
     ("empty agents", toml("agents = []", agents=()), "agents: at least one [[agents]] table is required"),
     ("zero dimensions", toml(dimensions=()), "dimensions: at least one [[dimensions]] table is required"),
@@ -272,3 +275,16 @@ def test_mapping_errors_start_with_the_given_source() -> None:
     with pytest.raises(SpecError, match=r"^Ledger\.trigger: missing key 'artifact'$"):
         spec_from_mapping({}, source="Ledger.trigger", base_dir=Path("."), default_id="job")
     assert issubclass(SpecError, ValueError)
+
+
+def test_cache_and_samples_reach_every_request_of_the_job(in_tmp: Path) -> None:
+    from ledger.evaluation import requests_for
+
+    (in_tmp / "spec.toml").write_text(toml("cache = false\nsamples = 3"))
+    spec = load_spec("spec.toml")
+    assert (spec.cache, spec.samples) == (False, 3)
+    assert JobSpec.from_json(spec.to_json()) == spec  # kept with the job, resumed as it was
+    made = requests_for(spec, frozenset())
+    assert sorted(r.sample for r in made) == [0, 1, 2] and not any(r.cache for r in made)
+    keys = [r.idempotency_key for r in made]
+    assert keys == ["spec:judge:clarity", "spec:judge:clarity#s1", "spec:judge:clarity#s2"]  # sample 0: the usual key
