@@ -130,6 +130,9 @@ class AnthropicBatches:
             async for line in nonblank_lines(self._client.messages.batches.with_streaming_response.results(batch.id)):
                 yield result_line(line)
 
+    async def clean_up(self, batch: ProviderBatch) -> None:
+        """Anthropic deletes a batch's results on its own (29 days after creation)."""
+
     async def aclose(self) -> None:
         await self._client.close()
 

@@ -137,6 +137,9 @@ class CallResult:
     reasoning_tokens: int | None = None
     response: Any = None
     response_text: str | None = None  # the body's JSON text exactly as received, where the adapter has it
+    # The price table entry that prices this answer, when it is not the request's own provider and
+    # model: Azure's model is a deployment name of the user's, its answer names the real model.
+    priced_as: tuple[str, str] | None = None
 
 
 class ProviderError(Exception):
@@ -570,6 +573,7 @@ class ProviderBatch:
     rejections: tuple[BatchRejection, ...] = ()
     output_file_id: str | None = None
     error_file_id: str | None = None
+    input_file_id: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -629,5 +633,9 @@ class BatchAdapter(Protocol):
     def results(self, batch: ProviderBatch) -> AsyncIterator[BatchLine]: ...
 
     async def cancel(self, batch_id: str) -> ProviderBatch: ...
+
+    async def clean_up(self, batch: ProviderBatch) -> None:
+        """After an ended batch's results are mapped: what the provider keeps for it that the
+        ledger no longer needs (Azure: its files, a resource holds at most 500)."""
 
     async def aclose(self) -> None: ...

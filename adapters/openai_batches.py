@@ -73,7 +73,7 @@ class OpenAIBatches:
                 completion_window="24h",
                 metadata={"ledger_batch_id": str(tag.ledger_batch_id), "ledger_submit_key": tag.submit_key},
             )
-        return _batch(created)
+        return batch_view(created)
 
     async def find(
         self, tag: BatchTag, created_after: float, total: int, is_ours: Callable[[str], bool]
@@ -81,7 +81,7 @@ class OpenAIBatches:
         """The batch whose metadata names this ledger batch, among those created since `created_after`."""
         with sdk_errors(openai):
             async for listed in self._client.batches.list(limit=100):
-                found = _batch(listed)
+                found = batch_view(listed)
                 if found.tag == tag:
                     return found
                 if found.created_at is not None and found.created_at < created_after:
@@ -90,11 +90,11 @@ class OpenAIBatches:
 
     async def retrieve(self, batch_id: str) -> ProviderBatch:
         with sdk_errors(openai):
-            return _batch(await self._client.batches.retrieve(batch_id))
+            return batch_view(await self._client.batches.retrieve(batch_id))
 
     async def cancel(self, batch_id: str) -> ProviderBatch:
         with sdk_errors(openai):
-            return _batch(await self._client.batches.cancel(batch_id))
+            return batch_view(await self._client.batches.cancel(batch_id))
 
     async def results(self, batch: ProviderBatch) -> AsyncIterator[BatchLine]:
         """The output file's lines, then the error file's, streamed."""
@@ -104,6 +104,9 @@ class OpenAIBatches:
             with sdk_errors(openai):
                 async for line in nonblank_lines(self._client.files.with_streaming_response.content(file_id)):
                     yield result_line(line)
+
+    async def clean_up(self, batch: ProviderBatch) -> None:
+        """OpenAI keeps a batch's files within the organisation's storage: left to the user."""
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -155,7 +158,7 @@ def result_line(line: str | bytes) -> BatchLine:
     )
 
 
-def _batch(batch: Any) -> ProviderBatch:
+def batch_view(batch: Any) -> ProviderBatch:
     counts = batch.request_counts
     metadata = batch.metadata or {}
     tag = None
@@ -176,4 +179,5 @@ def _batch(batch: Any) -> ProviderBatch:
         rejections=rejections,
         output_file_id=batch.output_file_id,
         error_file_id=batch.error_file_id,
+        input_file_id=batch.input_file_id,
     )

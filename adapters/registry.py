@@ -12,13 +12,13 @@ if TYPE_CHECKING:
     from adapters.base import Adapter, BatchAdapter
     from ledger.settings import Settings
 
-PROVIDER_NAMES = frozenset({"openai", "anthropic", "openai-compatible", "mock"})
+PROVIDER_NAMES = frozenset({"openai", "anthropic", "azure", "openai-compatible", "mock"})
 # Providers with a batch API; requests for the others with delivery=batch go online.
-BATCH_PROVIDERS = frozenset({"openai", "anthropic"})
+BATCH_PROVIDERS = frozenset({"openai", "anthropic", "azure"})
 # Providers whose adapter sends a JSON schema the model must follow: structured batching
 # (BATCHING_ENABLED) asks them for every dimension at once; the others get one request
 # per dimension (seed 000 FR-004). Matches each adapter's `supports_structured_output`.
-STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "mock"})
+STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "azure", "mock"})
 
 
 def make_adapter(provider: str, settings: Settings) -> Adapter:
@@ -31,6 +31,14 @@ def make_adapter(provider: str, settings: Settings) -> Adapter:
         from adapters.anthropic import AnthropicAdapter
 
         return AnthropicAdapter(api_key=settings.anthropic_api_key, base_url=settings.anthropic_base_url)
+    if provider == "azure":
+        from adapters.azure import AzureAdapter
+
+        if not settings.azure_endpoint:
+            raise ValueError("AZURE_OPENAI_ENDPOINT must be set for provider 'azure'")
+        return AzureAdapter(
+            endpoint=settings.azure_endpoint, api_key=settings.azure_api_key, api_version=settings.azure_api_version
+        )
     if provider == "openai-compatible":
         from adapters.compatible import CompatibleAdapter
 
@@ -54,4 +62,12 @@ def make_batch_adapter(provider: str, settings: Settings) -> BatchAdapter:
         from adapters.anthropic_batches import AnthropicBatches
 
         return AnthropicBatches(api_key=settings.anthropic_api_key, base_url=settings.anthropic_base_url)
+    if provider == "azure":
+        from adapters.azure_batches import AzureBatches
+
+        if not settings.azure_endpoint:
+            raise ValueError("AZURE_OPENAI_ENDPOINT must be set for provider 'azure'")
+        return AzureBatches(
+            endpoint=settings.azure_endpoint, api_key=settings.azure_api_key, api_version=settings.azure_api_version
+        )
     raise ValueError(f"provider {provider!r} has no batch API (batch providers: {', '.join(sorted(BATCH_PROVIDERS))})")

@@ -438,7 +438,7 @@ class BatchWorker:
                 tg.start_soon(write_all)
                 try:
                     async for line in adapter.results(batch):
-                        outcome = _outcome(line, request(line.custom_id), price, keep, parsers)
+                        outcome = _outcome(line, request(line.custom_id), price, keep, parsers, self.prices)
                         if outcome is None:
                             foreign += 1
                         else:
@@ -449,6 +449,7 @@ class BatchWorker:
         status, error, rejected, count_failure = await self._ending(lease, batch)
         left = await self._finish(lease, status, error=error, rejected=rejected, count_failure=count_failure)
         total.add(left)
+        await adapter.clean_up(batch)
         events.batch_mapped(lease.id, batch.id, batch.status, total, foreign, round(map_s, 3))
         for request_id, cached_from in total.cache_hits:
             events.cache_hit(request_id, cached_from)
@@ -506,13 +507,17 @@ def _outcome(
     price: Price | None,
     keep_response: bool,
     parsers: dict[int, tuple[str, Any, Any]],
+    prices: PriceTable | None = None,
 ) -> LineOutcome | None:
     """A result line ready to write (parsed, when its request says how), or None when it is not
-    a line of this ledger batch (an adopted batch is checked line by line)."""
+    a line of this ledger batch (an adopted batch is checked line by line). An answer priced as
+    another model than its batch's (Azure's: the model its deployment serves) is priced so."""
     if request_id is None:
         return None
     answer, cost, derived = line.answer, None, None
     if answer is not None:
+        if answer.priced_as is not None and prices is not None:
+            price = prices.price(*answer.priced_as)
         if price is not None:
             cost = price.answer_cost(answer, batch=True)
         if request_id in parsers:

@@ -207,7 +207,7 @@ class Defaults:
 
 APIS = ("chat", RESPONSES_API, "messages")
 # Providers whose servers answer OpenAI's Responses API (vLLM and others serve `/v1/responses`).
-RESPONSES_PROVIDERS = frozenset({"openai", "openai-compatible", "mock"})
+RESPONSES_PROVIDERS = frozenset({"openai", "azure", "openai-compatible", "mock"})
 
 
 def api_for(provider: str, api: str | None) -> str:

@@ -168,7 +168,8 @@ async def execute(
         except Exception as exc:  # an adapter bug must not take the daemon down
             error = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False, code="adapter_error")
         else:
-            cost = ctx.prices.answer_cost(request.provider, request.model, result)
+            provider, model = result.priced_as or (request.provider, request.model)
+            cost = ctx.prices.answer_cost(provider, model, result)
             await ctx.recorder.submit(
                 Completed(
                     request,

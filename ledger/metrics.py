@@ -289,8 +289,8 @@ class LedgerCollector:
             "Requests answered from the response cache, with no provider call (every process's, all time).",
             labels=["pool"],
         )
-        for pool, n in sorted(counts.cache_hits.items()):
-            hits.add_metric([pool], n)
+        for pool in sorted(set(pools) | set(counts.cache_hits)):
+            hits.add_metric([pool], counts.cache_hits.get(pool, 0))
         yield hits
         yield GaugeMetricFamily(
             "ledger_read_age_seconds",

@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     anthropic_base_url: str | None = Field(default=None, alias="ANTHROPIC_BASE_URL")
     compatible_base_url: str | None = Field(default=None, alias="OPENAI_COMPATIBLE_BASE_URL")
     compatible_api_key: str | None = Field(default=None, alias="OPENAI_COMPATIBLE_API_KEY", repr=False)
+    azure_endpoint: str | None = Field(default=None, alias="AZURE_OPENAI_ENDPOINT")
+    azure_api_key: str | None = Field(default=None, alias="AZURE_OPENAI_API_KEY", repr=False)
+    azure_api_version: str | None = Field(default=None, alias="OPENAI_API_VERSION")
 
     @field_validator("max_concurrent_llm_calls")
     @classmethod

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from adapters.mock_provider.answers import directives, model_answer, prompt_key, prompt_text, request_prompt
-from adapters.mock_provider.wire import Answered, Reply, answer_body, error_reply, json_reply
+from adapters.mock_provider.wire import Answered, Reply, answer_body, azure_model, error_reply, json_reply
 
 if TYPE_CHECKING:
     from adapters.mock_provider.server import MockProviderConfig
@@ -100,6 +100,7 @@ class Batch:
     results: list[dict[str, Any]] | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
+    azure: bool = False  # created through Azure's paths: its answers name the deployment's model
 
 
 class BatchStore:
@@ -119,12 +120,15 @@ class BatchStore:
         self.seen: Counter[str] = Counter()  # per prompt: batches that carried it
         self.creates: Counter[str] = Counter()  # batches accepted, per wire
         self.downloaded: set[str] = set()  # files and results downloaded at least once
+        self.deleted: set[str] = set()  # files deleted by their owner
 
     def stats(self) -> dict[str, Any]:
         return {
             "batch_creates": dict(self.creates),
             "batch_ids": list(self.batches),
             "batch_lines": sum(self.seen.values()),  # lines answered in batches (retries included)
+            "files": sorted(self.files),  # every file still stored (uploads, outputs, error files)
+            "deleted_files": sorted(self.deleted),
         }
 
     def reset(self) -> None:
@@ -133,7 +137,16 @@ class BatchStore:
     def route(self, method: str, target: str, body: bytes, headers: dict[bytes, bytes], host: str) -> Reply | None:
         path, _, query = target.partition("?")
         args = {k: v[0] for k, v in parse_qs(query).items()}
+        azure = path.startswith(("/openai/files", "/openai/batches"))  # Azure OpenAI: OpenAI's API there
+        if azure:
+            path = "/v1/" + path.removeprefix("/openai/")
         parts = path.strip("/").split("/")
+        if method == "DELETE" and parts[:2] == ["v1", "files"] and len(parts) == 3:
+            found = self.files.pop(parts[2], None)
+            if found is None:
+                return error_reply("openai", 404, "invalid_request_error", f"no file {parts[2]}")
+            self.deleted.add(found.id)
+            return json_reply(200, {"id": found.id, "object": "file", "deleted": True})
         if method == "POST" and path == "/v1/files":
             return json_reply(200, self._upload(body, headers.get(b"content-type", b"").decode()).describe())
         if parts[:2] == ["v1", "files"] and len(parts) >= 3 and parts[2] in self.files:
@@ -142,7 +155,7 @@ class BatchStore:
                 return self._download(stored.id, stored.content, "application/octet-stream")
             return json_reply(200, stored.describe())
         if method == "POST" and path == "/v1/batches":
-            return self._openai_create(json.loads(body))
+            return self._openai_create(json.loads(body), azure=azure)
         if method == "GET" and path == "/v1/batches":
             return json_reply(200, self._list("openai", args.get("after"), int(args.get("limit", 20)), host))
         if parts[:2] == ["v1", "batches"] and len(parts) >= 3 and parts[2] in self.batches:
@@ -237,7 +250,7 @@ class BatchStore:
         self.batches[batch.id] = batch
         self.creates[batch.kind] += 1
 
-    def _openai_create(self, payload: dict[str, Any]) -> Reply:
+    def _openai_create(self, payload: dict[str, Any], azure: bool = False) -> Reply:
         source = self.files[payload["input_file_id"]]
         requests = [json.loads(line) for line in source.content.decode().splitlines() if line.strip()]
         batch, stall = self._plan(
@@ -246,6 +259,7 @@ class BatchStore:
             endpoint=payload.get("endpoint", "/v1/chat/completions"),
             input_file_id=source.id,
             metadata=payload.get("metadata"),
+            azure=azure,
         )
         self._accept(batch)
         reply = json_reply(200, self._openai_view(batch))
@@ -306,7 +320,8 @@ class BatchStore:
                 elif r.get("custom_id"):  # `{}`: a canceled line, in neither file
                     bad.append(r)
             batch.output_file_id = self._file(batch, "output", ok)
-            batch.error_file_id = self._file(batch, "errors", bad) if bad else None
+            # OpenAI writes an error file only when there are errors; Azure always does (empty).
+            batch.error_file_id = self._file(batch, "errors", bad) if bad or batch.azure else None
         else:  # one results file, written once as the batch ends (a provider serves a finished file)
             batch.output_file_id = self._file(batch, "results", batch.results)
 
@@ -347,7 +362,8 @@ class BatchStore:
             body: dict[str, Any] = {"error": {"message": f"injected {line.status}", "type": "server_error"}}
         else:
             wire = _wire(batch)
-            body = self.answered.note(answer_body(wire, model, model_answer(wire, line.params, self.prompt_cache)))
+            named = azure_model(model) if batch.azure and wire == "chat" else model
+            body = self.answered.note(answer_body(wire, named, model_answer(wire, line.params, self.prompt_cache)))
         return row | {"response": {"status_code": line.status, "request_id": uuid.uuid4().hex, "body": body}}
 
     # -- views -----------------------------------------------------------------

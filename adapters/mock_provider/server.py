@@ -61,7 +61,16 @@ from adapters.mock_provider.answers import (
     request_prompt,
 )
 from adapters.mock_provider.batches import BatchStore
-from adapters.mock_provider.wire import Answered, Reply, answer_body, error_reply, error_type, json_reply, rate_limited
+from adapters.mock_provider.wire import (
+    Answered,
+    Reply,
+    answer_body,
+    azure_model,
+    error_reply,
+    error_type,
+    json_reply,
+    rate_limited,
+)
 
 FAULT_KINDS = ("429", "408", "500", "502", "503", "529", "hang", "malformed")
 
@@ -278,8 +287,11 @@ class MockProviderServer:
             return await self._model_call("openai", body, stream, conn)
         if method == "POST" and path == "/v1/messages":
             return await self._model_call("anthropic", body, stream, conn)
-        if method == "POST" and path in ("/v1/responses", "/responses"):
+        if method == "POST" and path in ("/v1/responses", "/responses", "/openai/responses"):
             return await self._model_call("responses", body, stream, conn)
+        if method == "POST" and path.startswith("/openai/deployments/") and path.endswith("/chat/completions"):
+            # Azure OpenAI: the deployment in the path (the SDK keeps it in the body's `model` too).
+            return await self._model_call("azure", body, stream, conn)
         reply = self.batches.route(method, target, body, dict(request.headers), host)
         if reply is not None:
             return reply
@@ -415,7 +427,10 @@ class MockProviderServer:
                 return rate_limited(wire, float(found.get("retry_after", 1)), "rate limited (injected)")
             return error_reply(wire, status, error_type(status), f"injected {status}")
         answer = model_answer(wire, payload, self.prompt_cache)
-        return json_reply(200, self.answered.note(answer_body(wire, str(payload.get("model", "mock")), answer)))
+        named = str(payload.get("model", "mock"))
+        if wire == "azure":  # Azure names the model behind the deployment in its answer
+            named = azure_model(named)
+        return json_reply(200, self.answered.note(answer_body(wire, named, answer)))
 
     def _fault(self, found: dict[str, str], nth: int) -> str | None:
         """Which fault this call gets: directives first (deterministic), then the dice."""

@@ -109,6 +109,16 @@ class Answered:
         return None if body is None else json.dumps(body)
 
 
+# The model the mock's Azure deployments serve, unless a deployment is named after a model.
+AZURE_DEFAULT_MODEL = "gpt-4o-mini-2024-07-18"
+
+
+def azure_model(deployment: str) -> str:
+    """The model an Azure deployment of the mock answers as: its own name when that is an OpenAI
+    model's (`gpt-4o`, `o3-mini`), else AZURE_DEFAULT_MODEL (deployment names are the user's)."""
+    return deployment if deployment.startswith(("gpt-", "o1", "o3", "o4")) else AZURE_DEFAULT_MODEL
+
+
 def answer_body(wire: str, model: str, answer: MockAnswer) -> dict[str, Any]:
     """The whole answer in a wire format: `chat`, `responses` or `anthropic`."""
     if wire == "anthropic":

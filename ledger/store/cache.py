@@ -97,39 +97,35 @@ def _copied_from(src: Any) -> dict[str, Any]:
     }
 
 
-_src, _cand = requests.alias("src"), requests.alias("cand")
-_FIRST_SOURCE = (
-    select(func.min(_cand.c.id))
-    .where(
-        _cand.c.cache_key == _r.cache_key,
-        _is_source(_cand.c),
-        _cand.c.completed_at >= db_now_plus(bindparam("b_age")),
+_src, _cand, _n = requests.alias("src"), requests.alias("cand"), requests.alias("n")
+# Every other request with a new request's key, with what decides whether it is that request's
+# source or the original it waits for (`resolve` decides): one statement, found by key through
+# its index; a new request with no other of its key (the usual case) costs one index probe.
+_SAME_KEY = (
+    select(
+        _n.c.id,
+        _n.c.endpoint,
+        _cand.c.id,
+        and_(_is_source(_cand.c), _cand.c.completed_at >= db_now_plus(bindparam("b_age"))),
+        and_(_in_flight(_cand.c, unindexed), _cand.c.twin_of.is_(None), _cand.c.parse.is_not_distinct_from(_n.c.parse)),
     )
-    .scalar_subquery()
+    .select_from(_n.join(_cand, _cand.c.cache_key == _n.c.cache_key))
+    .where(
+        _n.c.id.in_(bindparam("b_ids", expanding=True)),
+        _n.c.use_cache == true(),
+        unindexed(_n.c.status) == QUEUED,
+        _n.c.twin_of.is_(None),
+        _cand.c.id != _n.c.id,
+    )
 )
-_NEW = _r.id.in_(bindparam("b_ids", expanding=True))
-_MAY_USE = and_(_NEW, _r.use_cache == true(), _r.status == QUEUED, _r.cache_key.is_not(None), _r.twin_of.is_(None))
-_HITS = (
+# A new request answered from its source (`HITS.bind`: rows of request id and source id).
+HITS = bound_rows("h", "b_hits", column("id", BigInteger), column("src", BigInteger), keys="b_hit_ids")
+_HIT = (
     update(requests)
-    .where(_MAY_USE, _src.c.cache_key == _r.cache_key, _src.c.id == _FIRST_SOURCE)
+    .where(HITS.match(_r.id), _src.c.id == HITS.c.src, unindexed(_r.status) == QUEUED)
     .values(**_copied_from(_src.c))
-    .returning(_r.id, _r.cached_from, _r.endpoint)
 )
-# The request in flight a new one waits for: the first identical one (parsed alike) before it
-# that waits for none; so the first of several identical new requests is the others' original.
-_ORIGINAL = (
-    select(func.min(_cand.c.id))
-    .where(
-        _cand.c.cache_key == _r.cache_key,
-        _in_flight(_cand.c, unindexed),
-        _cand.c.twin_of.is_(None),
-        # Before it, or in another (committed) enqueue: the first of several new ones is the original.
-        or_(_cand.c.id < _r.id, _cand.c.id.not_in(bindparam("b_ids", expanding=True))),
-        _cand.c.parse.is_not_distinct_from(_r.parse),
-    )
-    .scalar_subquery()
-)
-_TWINS = update(requests).where(_MAY_USE).values(twin_of=_ORIGINAL).returning(_r.id, _r.twin_of)
+_WAIT_FOR = update(requests).where(_r.id == bindparam("b_id")).values(twin_of=bindparam("b_original"))
 
 
 @dataclass(frozen=True)
@@ -168,9 +164,24 @@ def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePol
     dialect.serialize_cache(conn)
     max_age_days = policy.max_age_days
     age = -float(max_age_days if max_age_days is not None else NO_AGE_LIMIT_DAYS) * 86400.0
-    hits = [Hit(int(i), int(c), str(e)) for i, c, e in conn.execute(_HITS, {"b_ids": ids, "b_age": age})]
-    twins = sum(1 for _, twin_of in conn.execute(_TWINS, {"b_ids": ids}) if twin_of is not None)
-    return Resolved(hits, twins)
+    # Per new request: its source, the first answer worth copying; else the original it waits
+    # for, the first identical request in flight before it or of another enqueue (so the first of
+    # several identical new requests is the others' original).
+    new, source, original, pools = set(ids), dict[int, int](), dict[int, int](), dict[int, str]()
+    for request_id, endpoint, other, is_source, in_flight in conn.execute(_SAME_KEY, {"b_ids": ids, "b_age": age}):
+        pools[request_id] = endpoint
+        if is_source:
+            source[request_id] = min(source.get(request_id, other), other)
+        elif in_flight and (other < request_id or other not in new):
+            original[request_id] = min(original.get(request_id, other), other)
+    if source:
+        rows = [{"id": i, "src": s} for i, s in sorted(source.items())]
+        dialect.execute(conn, _HIT, HITS.bind(rows))
+    waiting = {i: o for i, o in original.items() if i not in source}
+    if waiting:
+        conn.execute(_WAIT_FOR, [{"b_id": i, "b_original": o} for i, o in sorted(waiting.items())])
+    hits = [Hit(i, s, pools[i]) for i, s in sorted(source.items())]
+    return Resolved(hits, len(waiting))
 
 
 # -- when an original ends ------------------------------------------------------

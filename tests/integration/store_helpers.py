@@ -73,3 +73,26 @@ def kept_records(logger: str, level: int) -> Iterator[LogRecords]:
         yield records
     finally:
         logging.getLogger(logger).removeHandler(records)
+
+
+@contextmanager
+def event_lines() -> Iterator[LogRecords]:
+    """Every event line the ledger logs in the block (whatever logging set-up ran before)."""
+    logger, handler = logging.getLogger("ledger.events"), LogRecords(logging.DEBUG)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def logged(captured: LogRecords, event: str) -> list[dict[str, Any]]:
+    """The fields of every `event` line the ledger logged, with its level."""
+    return [
+        {"level": record.levelname, **fields}
+        for record in captured.records
+        if (fields := getattr(record, "event_fields", None)) is not None and fields.get("event") == event
+    ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from ledger.settings import Settings
 from ledger.spec import JobSpec, load_spec, spec_from_mapping
 from ledger.store import Store
 from tests.integration.batch_helpers import batch_settings, run
-from tests.integration.store_helpers import LogRecords
+from tests.integration.store_helpers import LogRecords, event_lines, logged
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "eval" / "spec.toml"
 
@@ -67,23 +66,8 @@ def expected_scores(store: Store, job_id: str) -> dict[tuple[str, str], int | No
 
 @pytest.fixture
 def captured() -> Iterator[LogRecords]:
-    """Every event line the ledger logs during a test (whatever logging set-up ran before)."""
-    logger, handler = logging.getLogger("ledger.events"), LogRecords(logging.DEBUG)
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(level)
-
-
-def logged(captured: LogRecords, event: str) -> list[dict[str, Any]]:
-    """The fields of every `event` line the ledger logged."""
-    return [
-        fields
-        for record in captured.records
-        if (fields := getattr(record, "event_fields", None)) is not None and fields.get("event") == event
-    ]
+    with event_lines() as lines:
+        yield lines
 
 
 def opinion_map(store: Store, job_id: str) -> dict[tuple[str, str], dict[str, Any]]:

@@ -20,7 +20,7 @@ from ledger.enqueue import build_spec
 from ledger.settings import Settings
 from ledger.store import Store
 from tests.integration.batch_helpers import batch_settings, requests_t, rows, run
-from tests.integration.store_helpers import LogRecords
+from tests.integration.store_helpers import LogRecords, event_lines, logged
 
 SPENT = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
 OTHER = ("openai", "gpt-4o")  # another pool, whose account is fine
@@ -34,23 +34,8 @@ def mock() -> Iterator[RunningMockProvider]:
 
 @pytest.fixture
 def captured() -> Iterator[LogRecords]:
-    import logging
-
-    logger, handler = logging.getLogger("ledger.events"), LogRecords(logging.DEBUG)
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(level)
-
-
-def logged(captured: LogRecords, event: str) -> list[dict[str, Any]]:
-    return [
-        {**fields, "level": record.levelname}
-        for record in captured.records
-        if (fields := getattr(record, "event_fields", None)) is not None and fields.get("event") == event
-    ]
+    with event_lines() as lines:
+        yield lines
 
 
 def enqueue(settings: Settings, provider: str, model: str, n: int) -> None:
