@@ -34,6 +34,7 @@ LINES = 300_000
 # without completing a call while the enqueue runs. Holding the lock for the whole file took
 # far longer than this.
 MAX_GAP_S = 5.0
+BUSY = 4000  # 200 s of calls: the daemon is never out of work while the enqueue runs
 
 
 def write_bulk(path: Path) -> Path:
@@ -57,7 +58,11 @@ def completed(url: str) -> int:
 
 def test_a_300k_line_enqueue_beside_a_busy_daemon_cuts_no_call(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    busy = write_requests(tmp_path / "busy.jsonl", [("agent", f"d{i}", f"busy {i}") for i in range(500)])
+    # Busy for longer than the enqueue takes (4 slots x 0.2 s: 20 calls a second; the enqueue validates
+    # and stages the whole file before it writes, up to a minute on a slow machine): a daemon out of
+    # work before the first chunk is written would be idle, not held back, and "completed nothing"
+    # would measure the staging. 500 calls (25 s) ran out on this machine in its slow phases.
+    busy = write_requests(tmp_path / "busy.jsonl", [("agent", f"d{i}", f"busy {i}") for i in range(BUSY)])
     bulk = write_bulk(tmp_path / "bulk.jsonl")
     log = tmp_path / "daemon.log"
     with mock_provider("--latency", "0.2") as mock:
@@ -82,7 +87,10 @@ def test_a_300k_line_enqueue_beside_a_busy_daemon_cuts_no_call(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     assert f"enqueued {LINES} request(s)" in done.stdout
 
-    releases = sorted(e["ts"] for e in events(log) if e["event"] == "released")
+    released = [e for e in events(log) if e["event"] == "released"]
+    busy_done = sum(1 for e in released if e["dimension"].startswith("d") and e["ts"] < ended)
+    assert busy_done < BUSY, "the busy job ran out before the enqueue ended: the daemon was idle, not held back"
+    releases = sorted(e["ts"] for e in released)
     during = [started, *(ts for ts in releases if started < ts < ended), ended]
     gaps = [b - a for a, b in itertools.pairwise(during)]
     assert len(during) > 2, "no call completed while the enqueue ran"
