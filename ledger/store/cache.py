@@ -35,7 +35,7 @@ from sqlalchemy.sql.expression import ColumnElement
 from ledger.models import LlmRequest
 from ledger.statuses import RequestStatus
 from ledger.store.dialect import Dialect, db_now, db_now_plus, db_today, unindexed
-from ledger.store.row_sets import bound_rows
+from ledger.store.row_sets import bound_rows, ids_in
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
 _r = requests.c
@@ -111,7 +111,7 @@ _SAME_KEY = (
     )
     .select_from(_n.join(_cand, _cand.c.cache_key == _n.c.cache_key))
     .where(
-        _n.c.id.in_(bindparam("b_ids", expanding=True)),
+        ids_in(_n.c.id, "b_ids"),
         _n.c.use_cache == true(),
         unindexed(_n.c.status) == QUEUED,
         _n.c.twin_of.is_(None),
@@ -168,7 +168,8 @@ def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePol
     # for, the first identical request in flight before it or of another enqueue (so the first of
     # several identical new requests is the others' original).
     new, source, original, pools = set(ids), dict[int, int](), dict[int, int](), dict[int, str]()
-    for request_id, endpoint, other, is_source, in_flight in conn.execute(_SAME_KEY, {"b_ids": ids, "b_age": age}):
+    found = conn.execute(_SAME_KEY, {"b_ids": ids, "b_age": age})
+    for request_id, endpoint, other, is_source, in_flight in found:
         pools[request_id] = endpoint
         if is_source:
             source[request_id] = min(source.get(request_id, other), other)

@@ -25,7 +25,8 @@ from functools import cached_property
 from typing import Any
 
 import orjson
-from sqlalchemy import Boolean, String, and_, bindparam
+from sqlalchemy import BigInteger, Boolean, String, TypeDecorator, and_, bindparam
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import expression
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -216,3 +217,42 @@ def _values_select(columns: tuple[str, ...], n: int) -> str:
 def _json_select(columns: tuple[str, ...]) -> str:
     picked = ", ".join(f"json_extract(value, '$.{name}') AS {name}" for name in columns)
     return f"SELECT {picked} FROM json_each(?)"
+
+
+class IdList(TypeDecorator[Any]):
+    """A list of ids bound as one parameter (`ids_in`): an array on PostgreSQL, a JSON array's text
+    on SQLite. One parameter however many ids, and no IN list rendered anew for each length."""
+
+    impl = String
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Any) -> Any:
+        # PostgreSQL: a real array parameter (a text cast to one is parsed again for every row).
+        return dialect.type_descriptor(ARRAY(BigInteger) if dialect.name == "postgresql" else String())
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        ids = [int(v) for v in value]
+        return ids if dialect.name == "postgresql" else "[" + ",".join(map(str, ids)) + "]"
+
+
+class ids_in(expression.FunctionElement[Any]):
+    """`col` is one of the ids of the `IdList` parameter `param`, looked up by `col`'s index (a
+    JSON set joined to the table costs PostgreSQL a scan of the id array per row looked up)."""
+
+    inherit_cache = True
+    type = Boolean()
+
+    def __init__(self, col: expression.ColumnElement[Any], param: str) -> None:
+        super().__init__(col, bindparam(param, type_=IdList()))
+
+
+@compiles(ids_in, "postgresql")
+def _pg_ids_in(element: ids_in, compiler: SQLCompiler, **kw: Any) -> str:
+    col, param = (compiler.process(c, **kw) for c in element.clauses)
+    return f"{col} = ANY({param})"
+
+
+@compiles(ids_in, "sqlite")
+def _sqlite_ids_in(element: ids_in, compiler: SQLCompiler, **kw: Any) -> str:
+    col, param = (compiler.process(c, **kw) for c in element.clauses)
+    return f"{col} IN (SELECT value FROM json_each({param}))"

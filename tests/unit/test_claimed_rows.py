@@ -26,6 +26,7 @@ def row(**json_columns: Any) -> Any:
         endpoint="mock:m",
         api="chat",
         parse=None,
+        parked=0,
     )
     return Row(**base, **json_columns)
 
