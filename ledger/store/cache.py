@@ -10,7 +10,7 @@ off at its token limit. Every statement here keeps to that definition (`_is_sour
   and has a source is written `completed` at once, its answer copied (`cached_from` the
   source, cost 0, tokens kept as the answer's); one that has no source but an identical request
   in flight (queued, running or submitted, not itself waiting) waits for it (`twin_of`), and is
-  never claimed meanwhile (`WAITING` is excluded from every claim and batch).
+  never claimed meanwhile (every claim and batch selection leaves out `twin_of IS NOT NULL`).
 - When an original ends, in the transaction that records it (`TWINS_ANSWERED`, `TWINS_RELEASED`,
   run by the group commit and by batch mapping): its twins complete from it as cache hits; or,
   when it ended without a source's answer (error, canceled, cut off), the first of its twins
@@ -41,8 +41,6 @@ requests = LlmRequest.__table__  # type: ignore[attr-defined]
 _r = requests.c
 QUEUED, RUNNING, COMPLETED = RequestStatus.QUEUED.value, RequestStatus.RUNNING.value, RequestStatus.COMPLETED.value
 IN_FLIGHT = (QUEUED, RUNNING, RequestStatus.SUBMITTED.value)
-# A request waiting for its twin: never claimed, never put in a batch.
-WAITING = _r.twin_of.is_not(None)
 # The answer's columns a hit copies, and its parsed fields (copied when both parse alike).
 ANSWER_COLUMNS = (
     "raw_output",
