@@ -71,12 +71,10 @@ def test_twins_across_two_daemons_and_two_enqueues_on_postgresql_make_one_call_e
     assert sum(int(s.split("enqueued 10 request(s)")[1].startswith(", 10 waiting")) for s in said) == 1
 
 
-def test_a_daemon_killed_while_a_twins_original_is_in_flight_costs_one_call_more(
-    sqlite_url: str, tmp_path: Path
-) -> None:
+def test_a_daemon_killed_while_a_twins_original_is_in_flight_costs_one_call_more(db_url: str, tmp_path: Path) -> None:
     log = tmp_path / "daemon.log"
     with mock_provider() as mock:
-        env = ledger_env(sqlite_url, mock, LEDGER_LEASE_SECONDS=2, LEDGER_POLL_INTERVAL=0.05)
+        env = ledger_env(db_url, mock, LEDGER_LEASE_SECONDS=2, LEDGER_POLL_INTERVAL=0.05)
         path = tmp_path / "same.jsonl"
         body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "One question [[mock:hold]]"}]}
         path.write_text("".join(json.dumps({"custom_id": f"same-{i}", "body": body}) + "\n" for i in range(5)))
@@ -90,7 +88,7 @@ def test_a_daemon_killed_while_a_twins_original_is_in_flight_costs_one_call_more
         mock.release()
         assert run_daemon(env, log, timeout=60) == 0
         calls = mock.stats()["calls"]
-    counts, hits, chained = cached_pairs(sqlite_url)
+    counts, hits, chained = cached_pairs(db_url)
     assert in_flight_at_kill == 1 and calls == in_flight_at_kill + 1
     assert counts["completed"] == sum(counts.values()) == 5 and hits == 4 and chained == 0
     assert sum(1 for e in events(log) if e["event"] == "cache_hit") == 4
