@@ -21,10 +21,8 @@ from typing import Final
 import openai
 
 from adapters.azure import azure_client, priced_by_answer
-from adapters.base import BatchLine, BatchTag, CallRequest, ProviderBatch, ProviderError, compact_json, sdk_errors
-from adapters.openai import chat_body
+from adapters.base import BatchLine, BatchTag, ProviderBatch, ProviderError, sdk_errors
 from adapters.openai_batches import OpenAIBatches, batch_view
-from adapters.openai_responses import RESPONSES_API, responses_body
 
 LOG = logging.getLogger("adapters.azure_batches")
 CHAT: Final = "/chat/completions"
@@ -33,16 +31,11 @@ RESPONSES: Final = "/responses"
 
 class AzureBatches(OpenAIBatches):
     name = "azure"
+    chat_url = CHAT
+    responses_url = RESPONSES
 
     def __init__(self, *, endpoint: str, api_key: str | None, api_version: str | None) -> None:
         self._client = azure_client(endpoint, api_key, api_version)
-
-    def encode(self, custom_id: str, request: CallRequest) -> bytes:
-        if request.api == RESPONSES_API:
-            url, body = RESPONSES, responses_body(request)
-        else:
-            url, body = CHAT, chat_body(request)
-        return compact_json({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
 
     async def create(self, path: Path, input_file_id: str | None, tag: BatchTag) -> ProviderBatch:
         if input_file_id is None:

@@ -46,15 +46,18 @@ class OpenAIBatches:
     max_bytes = MAX_BYTES
     uploads_input = True
     layout = BatchLayout(head=b"", sep=b"\n", tail=b"\n")
+    # Each line's `url`, per API (Azure's have no /v1).
+    chat_url: str = ENDPOINT
+    responses_url: str = RESPONSES_ENDPOINT
 
     def __init__(self, *, api_key: str | None, base_url: str | None) -> None:
         self._client = openai.AsyncOpenAI(api_key=api_key or "not-needed", base_url=base_url, max_retries=0)
 
     def encode(self, custom_id: str, request: CallRequest) -> bytes:
         if request.api == RESPONSES_API:
-            url, body = RESPONSES_ENDPOINT, responses_body(request)
+            url, body = self.responses_url, responses_body(request)
         else:
-            url, body = ENDPOINT, chat_body(request)
+            url, body = self.chat_url, chat_body(request)
         return compact_json({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
 
     async def upload(self, path: Path) -> str | None:
