@@ -167,6 +167,9 @@ class ProviderError(Exception):
         # every request of the pool would be refused alike. The pool is paused, not the request
         # failed (`ledger.executor`).
         self.quota = quota
+        # How long the pause lasts, when the provider says when its quota resets (Gemini's per-day
+        # quotas: its midnight); None: the operator's recheck period.
+        self.quota_for: float | None = None
         # A batch refused at create: which entries the provider named (see BatchRejection).
         self.rejections: tuple[BatchRejection, ...] = ()
 

@@ -12,13 +12,13 @@ if TYPE_CHECKING:
     from adapters.base import Adapter, BatchAdapter
     from ledger.settings import Settings
 
-PROVIDER_NAMES = frozenset({"openai", "anthropic", "azure", "openai-compatible", "mock"})
+PROVIDER_NAMES = frozenset({"openai", "anthropic", "azure", "gemini", "openai-compatible", "mock"})
 # Providers with a batch API; requests for the others with delivery=batch go online.
-BATCH_PROVIDERS = frozenset({"openai", "anthropic", "azure"})
+BATCH_PROVIDERS = frozenset({"openai", "anthropic", "azure", "gemini"})
 # Providers whose adapter sends a JSON schema the model must follow: structured batching
 # (BATCHING_ENABLED) asks them for every dimension at once; the others get one request
 # per dimension (seed 000 FR-004). Matches each adapter's `supports_structured_output`.
-STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "azure", "mock"})
+STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "azure", "gemini", "mock"})
 
 
 def make_adapter(provider: str, settings: Settings) -> Adapter:
@@ -39,6 +39,10 @@ def make_adapter(provider: str, settings: Settings) -> Adapter:
         return AzureAdapter(
             endpoint=settings.azure_endpoint, api_key=settings.azure_api_key, api_version=settings.azure_api_version
         )
+    if provider == "gemini":
+        from adapters.gemini import GeminiAdapter
+
+        return GeminiAdapter(api_key=gemini_key(settings), base_url=settings.gemini_base_url)
     if provider == "openai-compatible":
         from adapters.compatible import CompatibleAdapter
 
@@ -70,4 +74,13 @@ def make_batch_adapter(provider: str, settings: Settings) -> BatchAdapter:
         return AzureBatches(
             endpoint=settings.azure_endpoint, api_key=settings.azure_api_key, api_version=settings.azure_api_version
         )
+    if provider == "gemini":
+        from adapters.gemini_batches import GeminiBatches
+
+        return GeminiBatches(api_key=gemini_key(settings), base_url=settings.gemini_base_url)
     raise ValueError(f"provider {provider!r} has no batch API (batch providers: {', '.join(sorted(BATCH_PROVIDERS))})")
+
+
+def gemini_key(settings: Settings) -> str | None:
+    """The Gemini API key by the SDK's convention: GOOGLE_API_KEY over GEMINI_API_KEY."""
+    return settings.google_api_key or settings.gemini_api_key

@@ -56,7 +56,8 @@ def enqueue(
         ),
     ],
     provider: Annotated[
-        str | None, typer.Option(help="Provider for every line (openai, anthropic, azure, openai-compatible, mock).")
+        str | None,
+        typer.Option(help="Provider for every line (openai, anthropic, azure, gemini, openai-compatible, mock)."),
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model for every line (overrides the file).")] = None,
     delivery: Annotated[

@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from adapters import gemini_format
 from adapters.openai_responses import RESPONSES_API, chat_response_format
 from adapters.registry import PROVIDER_NAMES
 from ledger.fingerprint import body_hash, cache_key, canonical, json_texts
@@ -360,12 +361,15 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
     """Read one JSONL object in any of the accepted shapes."""
     if not isinstance(obj, dict):
         raise EnqueueError("line is not a JSON object")
-    custom_id = obj.get("custom_id")
+    gemini_line = isinstance(obj.get("request"), dict) and "key" in obj  # Gemini Batch input: key + request
+    custom_id = obj.get("key") if gemini_line else obj.get("custom_id")
     if custom_id is not None and not isinstance(custom_id, str | int):
         raise EnqueueError(f"custom_id must be a string, got {type(custom_id).__name__}")
     if custom_id is not None and not 1 <= len(str(custom_id)) <= KEY_MAX_CHARS:
         raise EnqueueError(f"custom_id must be 1 to {KEY_MAX_CHARS} characters, got {len(str(custom_id))}")
     ledger_fields = _ledger_fields(obj, defaults)
+    if gemini_line:
+        return _gemini_spec(obj, custom_id, defaults, ledger_fields)
     provider = api = None
     if "body" in obj:  # OpenAI Batch input line
         body = obj["body"]
@@ -462,6 +466,25 @@ def _responses_spec(
         "trace": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
         "job_id": defaults.job_id,
         "api": RESPONSES_API,
+        **ledger_fields,
+    }
+    return _line_spec(fields, defaults)
+
+
+def _gemini_spec(obj: dict[str, Any], custom_id: Any, defaults: Defaults, ledger_fields: dict[str, Any]) -> RequestSpec:
+    """A Gemini Batch input line (`{"key", "request": GenerateContentRequest}`) in the ledger's
+    vocabulary; its model from --model, the line's `model` key, or the request's."""
+    try:
+        found = gemini_format.ledger_fields(obj["request"])
+    except ValueError as exc:
+        raise EnqueueError(str(exc)) from None
+    named = found.pop("model", None)
+    fields: dict[str, Any] = {
+        **found,
+        "model": defaults.model or obj.get("model") or named or "",
+        "provider": defaults.provider or "gemini",
+        "idempotency_key": str(custom_id),
+        "job_id": defaults.job_id,
         **ledger_fields,
     }
     return _line_spec(fields, defaults)

@@ -190,7 +190,7 @@ async def execute(
         if error.quota is not None:
             # The account can pay for no more: every request of the pool would be refused alike.
             # This one goes back to the queue without spending an attempt; the pool pauses.
-            pause = QuotaPause(error.quota, ctx.quota_recheck_s)
+            pause = QuotaPause(error.quota, error.quota_for or ctx.quota_recheck_s)
             await ctx.recorder.submit(RetryLater(request, attempt, failure, 0.0, False, pause=pause))
             return
         if not ctx.policy.should_retry(error, attempt - request.parked):  # refusals for a spent quota not counted

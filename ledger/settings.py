@@ -129,6 +129,10 @@ class Settings(BaseSettings):
     azure_endpoint: str | None = Field(default=None, alias="AZURE_OPENAI_ENDPOINT")
     azure_api_key: str | None = Field(default=None, alias="AZURE_OPENAI_API_KEY", repr=False)
     azure_api_version: str | None = Field(default=None, alias="OPENAI_API_VERSION")
+    # Gemini: GOOGLE_API_KEY wins over GEMINI_API_KEY when both are set, as in the SDK.
+    google_api_key: str | None = Field(default=None, alias="GOOGLE_API_KEY", repr=False)
+    gemini_api_key: str | None = Field(default=None, alias="GEMINI_API_KEY", repr=False)
+    gemini_base_url: str | None = Field(default=None, alias="GOOGLE_GEMINI_BASE_URL")
 
     @field_validator("max_concurrent_llm_calls")
     @classmethod

@@ -215,7 +215,7 @@ def _covering_items(item: dict[str, Any], name: str, seed: int, depth: int, spoi
     return items[: len(items) - spoil.omit] if spoil.omit else items
 
 
-REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
+REASONING_MODELS = ("o1", "o3", "o4", "gpt-5", "gemini-2.5", "gemini-3")
 REASONING_TOKENS = 64  # what a reasoning model spends thinking, in the mock: a fixed number
 REFUSAL = "I can't help with that request."
 
@@ -257,7 +257,8 @@ def model_answer(wire: str, payload: dict[str, Any], seen_prefixes: set[str] | N
         plain.input_tokens,
         plain.output_tokens + thought_tokens + reasoning,
         thinking=thinking,
-        reasoning_tokens=reasoning,
+        # Gemini counts every thought, shown or not, as thinking (`thoughtsTokenCount`).
+        reasoning_tokens=reasoning + (thought_tokens if wire == "gemini" else 0),
         cached_tokens=cached,
         cache_write_tokens=written,
     )
@@ -300,8 +301,10 @@ def _tool(tool: Any) -> tuple[str, dict[str, Any] | None]:
 def _thinking(wire: str, payload: dict[str, Any], prompt: str) -> str | None:
     thinking = payload.get("thinking")
     reasoning = payload.get("reasoning")
-    asked = (wire == "anthropic" and isinstance(thinking, dict) and thinking.get("type") == "enabled") or (
-        wire == "responses" and isinstance(reasoning, dict) and reasoning.get("summary")
+    asked = (
+        (wire == "anthropic" and isinstance(thinking, dict) and thinking.get("type") == "enabled")
+        or (wire == "responses" and isinstance(reasoning, dict) and reasoning.get("summary"))
+        or (wire == "gemini" and payload.get("include_thoughts"))  # `gemini_wire.as_chat`'s reading
     )
     if not asked:
         return None

@@ -36,6 +36,7 @@ from email.policy import default as email_policy
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
+from adapters.mock_provider import gemini_wire
 from adapters.mock_provider.answers import directives, model_answer, prompt_key, prompt_text, request_prompt
 from adapters.mock_provider.wire import Answered, Reply, answer_body, azure_model, error_reply, json_reply
 
@@ -45,9 +46,14 @@ if TYPE_CHECKING:
 
 def _wire(batch: Batch) -> str:
     """The wire format of a batch's lines: Anthropic's, or OpenAI's chat or Responses API."""
-    if batch.kind == "anthropic":
-        return "anthropic"
+    if batch.kind in ("anthropic", "gemini"):
+        return batch.kind
     return "responses" if batch.endpoint.rstrip("/").endswith("/responses") else "chat"
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> bytes:
+    """Rows as JSON lines; `{}` rows (lines a batch did not reach) left out."""
+    return "".join(json.dumps(r) + "\n" for r in rows if r).encode()
 
 
 def _rfc3339(ts: float | None) -> str | None:
@@ -87,7 +93,7 @@ class LinePlan:
 @dataclass
 class Batch:
     id: str
-    kind: str  # "openai" | "anthropic"
+    kind: str  # "openai" | "anthropic" | "gemini"
     lines: list[LinePlan]
     created: float = field(default_factory=time.time)
     endpoint: str = "/v1/chat/completions"
@@ -215,7 +221,7 @@ class BatchStore:
 
     def _plan(self, kind: str, requests: list[dict[str, Any]], **extra: Any) -> tuple[Batch, float]:
         """A new batch with every line's fate decided now; and how long its create call stalls."""
-        prefix = "batch_" if kind == "openai" else "msgbatch_"
+        prefix = {"openai": "batch_", "anthropic": "msgbatch_", "gemini": "batches/"}[kind]
         batch = Batch(f"{prefix}{uuid.uuid4().hex[:24]}", kind, [], **extra)
         stall = self.config.batch_create_stall
         batch.expires = self.rng.random() < self.config.batch_expire_rate
@@ -311,7 +317,9 @@ class BatchStore:
             self._result(batch, line, canceled=batch.canceled_at is not None and i >= finished)
             for i, line in enumerate(batch.lines)
         ]
-        if batch.kind == "openai":
+        if batch.kind == "gemini":  # one responses file, of the lines answered
+            batch.output_file_id = self.add_file(f"{batch.id}_responses.jsonl", _jsonl(batch.results), "", "").id
+        elif batch.kind == "openai":
             ok: list[dict[str, Any]] = []
             bad: list[dict[str, Any]] = []
             for r in batch.results:
@@ -326,18 +334,24 @@ class BatchStore:
             batch.output_file_id = self._file(batch, "results", batch.results)
 
     def _file(self, batch: Batch, name: str, rows: list[dict[str, Any]]) -> str:
-        stored = StoredFile(
-            f"file-{uuid.uuid4().hex[:24]}",
-            f"{batch.id}_{name}.jsonl",
-            "batch_output",
-            "".join(json.dumps(r) + "\n" for r in rows).encode(),
-        )
+        return self.add_file(f"{batch.id}_{name}.jsonl", _jsonl(rows), "batch_output").id
+
+    def add_file(self, filename: str, content: bytes, purpose: str, prefix: str = "file-") -> StoredFile:
+        stored = StoredFile(f"{prefix}{uuid.uuid4().hex[:24]}", filename, purpose, content)
         self.files[stored.id] = stored
-        return stored.id
+        return stored
 
     def _result(self, batch: Batch, line: LinePlan, canceled: bool) -> dict[str, Any]:
         """The result line of one request; `{}` (left out) for a canceled OpenAI line."""
         model = line.params.get("model", "mock")
+        if batch.kind == "gemini":  # `{}`: left out of the responses file (not reached)
+            if canceled or line.unfinished:
+                return {}
+            if line.status != 200:
+                failure = gemini_wire.error(line.status, f"injected {line.status}")
+                return {"key": line.custom_id, "error": failure["error"]}
+            answer = model_answer("gemini", line.params, self.prompt_cache)
+            return {"key": line.custom_id, "response": self.answered.note(answer_body("gemini", model, answer))}
         if batch.kind == "anthropic":
             result: dict[str, Any]
             if canceled:

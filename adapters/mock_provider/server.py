@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import signal
 import socket
 import sys
@@ -46,11 +47,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import parse_qs
 
 import anyio
 import h11
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 
+from adapters.mock_provider import gemini_wire
 from adapters.mock_provider.answers import (
     chat_answer,
     directives,
@@ -61,6 +64,7 @@ from adapters.mock_provider.answers import (
     request_prompt,
 )
 from adapters.mock_provider.batches import BatchStore
+from adapters.mock_provider.gemini_batches import GeminiBatchRoutes
 from adapters.mock_provider.wire import (
     Answered,
     Reply,
@@ -72,6 +76,7 @@ from adapters.mock_provider.wire import (
     rate_limited,
 )
 
+_GEMINI_PATH = re.compile(r"^/(?:upload/|download/)?v1[a-z0-9]*/(.+)$")
 FAULT_KINDS = ("429", "408", "500", "502", "503", "529", "hang", "malformed")
 
 
@@ -114,6 +119,7 @@ class MockProviderServer:
         self.quota_spent: set[str] = set()  # models whose account's quota is spent (`POST /_quota`)
         self.answered = Answered()
         self.batches = BatchStore(self.config, self._rng, self.prompt_cache, self.answered)
+        self.gemini_batches = GeminiBatchRoutes(self.batches)
         self.reset()
 
     def reset(self) -> None:
@@ -289,17 +295,50 @@ class MockProviderServer:
             return await self._model_call("anthropic", body, stream, conn)
         if method == "POST" and path in ("/v1/responses", "/responses", "/openai/responses"):
             return await self._model_call("responses", body, stream, conn)
+        headers = dict(request.headers)
+        # Gemini: `google-genai` sends its key so; a resumable upload's URL is its own credential.
+        if b"x-goog-api-key" in headers or path.startswith(("/upload/", "/download/")):
+            return await self._gemini(method, target, body, headers, host, stream, conn)
         if method == "POST" and path.startswith("/openai/deployments/") and path.endswith("/chat/completions"):
             # Azure OpenAI: the deployment in the path (the SDK keeps it in the body's `model` too).
             return await self._model_call("azure", body, stream, conn)
-        reply = self.batches.route(method, target, body, dict(request.headers), host)
+        reply = self.batches.route(method, target, body, headers, host)
         if reply is not None:
             return reply
         return json_reply(404, {"error": {"type": "not_found_error", "message": f"no route {method} {path}"}})
 
-    async def _model_call(self, wire: str, body: bytes, stream: SocketStream, conn: h11.Connection) -> Reply:
+    async def _gemini(
+        self,
+        method: str,
+        target: str,
+        body: bytes,
+        headers: dict[bytes, bytes],
+        host: str,
+        stream: SocketStream,
+        conn: h11.Connection,
+    ) -> Reply:
+        """Gemini's paths, under any API version (`/v1/`, `/v1beta/`; uploads under `/upload/`)."""
+        path, _, query = target.partition("?")
+        found = _GEMINI_PATH.match(path)
+        rest = found.group(1) if found else ""
+        if method == "POST" and rest.startswith("models/") and rest.endswith(":generateContent"):
+            model = rest.removeprefix("models/").removesuffix(":generateContent")
+            return await self._model_call("gemini", body, stream, conn, model)
+        args = {k: v[0] for k, v in parse_qs(query).items()}
+        reply = self.gemini_batches.route(method, rest, args, body, headers, host)
+        if reply is not None:
+            return reply
+        return error_reply("gemini", 404, "not_found", f"no route {method} {path}")
+
+    async def _model_call(
+        self, wire: str, body: bytes, stream: SocketStream, conn: h11.Connection, model: str | None = None
+    ) -> Reply:
+        """One model call in `wire`'s format (`model`: the model a Gemini path names); a Gemini body
+        is read as the chat-shaped payload the answers are made from, and answered in Gemini's."""
         try:
             payload = json.loads(body)
+            if wire == "gemini":
+                payload = gemini_wire.as_chat(payload, model or "gemini")
             system, messages = request_prompt(wire, payload)
             if not isinstance(messages, list):
                 raise TypeError("messages")
@@ -451,7 +490,10 @@ class MockProviderServer:
 
 def quota_spent(wire: str) -> Reply:
     """What each provider answers once the account can pay for no more: OpenAI a 429
-    `insufficient_quota`, Anthropic a 400 saying the credit balance is too low."""
+    `insufficient_quota`, Anthropic a 400 saying the credit balance is too low, Gemini a 429
+    whose QuotaFailure names a per-day quota."""
+    if wire == "gemini":
+        return json_reply(429, gemini_wire.per_day_spent())
     if wire == "anthropic":
         message = (
             "Your credit balance is too low to access the Anthropic API. "
@@ -467,7 +509,10 @@ def quota_spent(wire: str) -> Reply:
 
 
 def _rate_headers(wire: str, kind: str, limit: int, remaining: int, reset: float) -> list[tuple[str, str]]:
-    """One window's rate-limit headers (`kind`: requests or tokens) in the provider's own names."""
+    """One window's rate-limit headers (`kind`: requests or tokens) in the provider's own names
+    (Gemini sends none: its 429s say it in their body)."""
+    if wire == "gemini":
+        return []
     if wire != "anthropic":
         return [
             (f"x-ratelimit-limit-{kind}", str(limit)),

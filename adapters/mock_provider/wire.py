@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from adapters.mock_provider import gemini_wire
+
 if TYPE_CHECKING:
     from adapters.mock_provider.answers import MockAnswer
 
@@ -47,12 +49,16 @@ def error_type(status: int) -> str:
 
 
 def error_reply(wire: str, status: int, kind: str, message: str, headers: list[tuple[str, str]] | None = None) -> Reply:
+    if wire == "gemini":
+        return json_reply(status, gemini_wire.error(status, message), headers)
     if wire == "anthropic":
         return json_reply(status, {"type": "error", "error": {"type": kind, "message": message}}, headers)
     return json_reply(status, {"error": {"type": kind, "code": kind, "message": message}}, headers)
 
 
 def rate_limited(wire: str, retry_after: float, message: str) -> Reply:
+    if wire == "gemini":  # no Retry-After header: the delay is in the body's RetryInfo
+        return json_reply(429, gemini_wire.per_minute_limited(retry_after, message))
     headers = [("retry-after", f"{retry_after:g}"), ("retry-after-ms", str(int(retry_after * 1000)))]
     return error_reply(wire, 429, "rate_limit_error", message, headers)
 
@@ -99,7 +105,7 @@ class Answered:
     def note(self, body: dict[str, Any]) -> dict[str, Any]:
         """Keep a body as it is sent (it is not changed after: `json_reply` writes it at once, a
         batch's results file when the batch ends); written out as JSON only when asked for."""
-        self._bodies[str(body.get("id"))] = body
+        self._bodies[str(body.get("id") or body.get("responseId"))] = body  # Gemini's: `responseId`
         if len(self._bodies) > self.KEEP:
             del self._bodies[next(iter(self._bodies))]
         return body
@@ -120,7 +126,9 @@ def azure_model(deployment: str) -> str:
 
 
 def answer_body(wire: str, model: str, answer: MockAnswer) -> dict[str, Any]:
-    """The whole answer in a wire format: `chat`, `responses` or `anthropic`."""
+    """The whole answer in a wire format: `chat`, `responses`, `anthropic` or `gemini`."""
+    if wire == "gemini":
+        return gemini_wire.answer(model, answer)
     if wire == "anthropic":
         return anthropic_answer(model, answer)
     if wire == "responses":

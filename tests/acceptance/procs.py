@@ -37,13 +37,19 @@ def mock_provider(*args: str) -> AbstractContextManager[MockProcess]:
 
 
 def ledger_env(db_url: str, mock: MockProcess | None = None, **settings: object) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGER_", "OPENAI_", "ANTHROPIC_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LEDGER_", "OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"))
+    }
     env["LEDGER_DATABASE_URL"] = db_url
     if mock is not None:
         env["OPENAI_BASE_URL"] = mock.openai_base_url
         env["ANTHROPIC_BASE_URL"] = mock.base_url
         env["OPENAI_COMPATIBLE_BASE_URL"] = mock.openai_base_url
+        env["GOOGLE_GEMINI_BASE_URL"] = mock.base_url
     env.setdefault("OPENAI_API_KEY", "test-key")
+    env.setdefault("GEMINI_API_KEY", "test-key")
     env.setdefault("ANTHROPIC_API_KEY", "test-key")
     env.update({k: str(v) for k, v in settings.items()})
     return env

@@ -29,7 +29,7 @@ from tests.acceptance.procs import (
 from tests.integration.batch_helpers import attempts_t, batches_t, requests_t, rows
 
 BATCH_ENV = {"LEDGER_PROVIDER_BATCH_WAIT": 0, "LEDGER_BATCH_POLL_INTERVAL": 0.1, "LEDGER_POLL_INTERVAL": 0.1}
-MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
+MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
 
 
 def enqueue_batch(env: dict[str, str], tmp_path: Path, n: int, provider: str, name: str = "b") -> None:
@@ -45,7 +45,7 @@ def one_succeeded_attempt_each(store: Store) -> bool:
     )
 
 
-@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini"])
 def test_a_kill_inside_the_create_window_is_adopted_never_submitted_twice(
     db_url: str, tmp_path: Path, provider: str
 ) -> None:

@@ -28,6 +28,8 @@ def batch_settings(db_url: str, mock: RunningMockProvider, **overrides: Any) -> 
         "OPENAI_COMPATIBLE_BASE_URL": mock.openai_base_url,
         "OPENAI_API_KEY": "test-key",
         "ANTHROPIC_API_KEY": "test-key",
+        "GOOGLE_GEMINI_BASE_URL": mock.base_url,
+        "GEMINI_API_KEY": "test-key",
         "LEDGER_PROVIDER_BATCH_WAIT": 0,
         "LEDGER_BATCH_POLL_INTERVAL": 0.05,
         "LEDGER_POLL_INTERVAL": 0.05,

@@ -140,7 +140,9 @@ def test_line_errors_are_retried_in_a_later_batch_and_permanent_ones_fail(
     store.close()
 
 
-@pytest.mark.parametrize("provider,model", [("openai", "gpt-4o-mini"), ("anthropic", "claude-haiku-4-5")])
+@pytest.mark.parametrize(
+    "provider,model", [("openai", "gpt-4o-mini"), ("anthropic", "claude-haiku-4-5"), ("gemini", "gemini-2.5-flash")]
+)
 def test_an_expired_batch_resubmits_only_its_missing_requests(
     db_url: str, mock: RunningMockProvider, provider: str, model: str
 ) -> None:
@@ -153,7 +155,8 @@ def test_an_expired_batch_resubmits_only_its_missing_requests(
 
     store = Store(db_url)
     first, second = rows(store, batches_t)
-    assert (first["status"], first["provider_status"]) == ("error", "expired" if provider == "openai" else "ended")
+    said = {"openai": "expired", "anthropic": "ended", "gemini": "JOB_STATE_EXPIRED"}[provider]
+    assert (first["status"], first["provider_status"]) == ("error", said)
     assert (second["status"], second["request_total"]) == ("completed", 3)
     for r in rows(store, requests_t):
         outcomes = [a["outcome"] for a in rows(store, attempts_t, attempts_t.c.request_id == r["id"])]

@@ -55,6 +55,8 @@ class Api:
             return [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
         if self.name == "responses":
             return [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+        if self.name == "gemini":  # Gemini's own shape, passed through as it is
+            return [{"functionDeclarations": [{"name": "get_weather", "parametersJsonSchema": WEATHER}]}]
         return [{"name": "get_weather", "input_schema": WEATHER}]
 
     def thinking_params(self) -> dict[str, Any] | None:
@@ -62,6 +64,8 @@ class Api:
             return {"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 4000}
         if self.name == "responses":
             return {"reasoning": {"effort": "low", "summary": "auto"}}
+        if self.name == "gemini":
+            return {"thinkingConfig": {"includeThoughts": True}}
         return None  # chat completions carry no thinking from OpenAI
 
 
@@ -69,6 +73,7 @@ APIS = [
     Api("chat", "openai", "gpt-4.1-mini", "o4-mini"),
     Api("responses", "openai", "gpt-4.1-mini", "o4-mini"),
     Api("messages", "anthropic", "claude-haiku-4-5", None),
+    Api("gemini", "gemini", "gemini-2.0-flash", "gemini-2.5-flash"),  # generateContent
 ]
 
 
@@ -80,7 +85,7 @@ def mock() -> Iterator[RunningMockProvider]:
 
 def settings_for(db_url: str, mock: RunningMockProvider, tmp_path: Path, **overrides: Any) -> Settings:
     prices = tmp_path / "prices.toml"
-    lines = ["[openai]", "[openai.models]", "[anthropic]", "[anthropic.models]"]
+    lines = ["[openai]", "[openai.models]", "[anthropic]", "[anthropic.models]", "[gemini]", "[gemini.models]"]
     entry = ", ".join(f"{k} = {v}" for k, v in PRICES.items())
     for api in APIS:
         for model in filter(None, (api.model, api.reasoning_model)):
@@ -175,12 +180,13 @@ def test_every_answer_kind_is_recorded_whole(
     found = run_every_kind(db_url, mock, tmp_path, api, delivery)["rows"]
     lines = exported(db_url)
     batch = delivery == "batch"
-    expected_api = {"chat": "chat", "responses": "responses", "messages": "messages"}[api.name]
+    expected_api = {"chat": "chat", "responses": "responses", "messages": "messages", "gemini": "chat"}[api.name]
 
     for kind, row in found.items():
         line = lines[kind]
         # The body as received, byte for byte as JSON: what the mock sent under that answer's id.
-        assert line["response"] == json.loads(mock.answered(line["response"]["id"])), kind
+        answer_id = line["response"].get("id") or line["response"]["responseId"]  # Gemini's: responseId
+        assert line["response"] == json.loads(mock.answered(answer_id)), kind
         assert line["api"] == expected_api
         assert row["cost_usd"] == pytest.approx(expected_cost(row, batch=batch), rel=1e-9, abs=1e-12), kind
         assert line["usage"]["input_tokens"] == row["input_tokens"]
@@ -193,14 +199,14 @@ def test_every_answer_kind_is_recorded_whole(
     assert tools["finish_reason"] == "tool_calls"
     assert (
         tools["provider_finish_reason"]
-        == {"chat": "tool_calls", "responses": "completed", "messages": "tool_use"}[api.name]
+        == {"chat": "tool_calls", "responses": "completed", "messages": "tool_use", "gemini": "STOP"}[api.name]
     )
     assert tools["output"] == ""  # an answer that is only a tool call has no text
     (call,) = tools["tool_calls"]
     assert call["name"] == "get_weather" and call["id"]
     arguments = json.loads(call["arguments"])
     assert isinstance(arguments["city"], str) and 1 <= arguments["days"] <= 7
-    if api.name == "messages":  # an object on the wire: serialised with sorted keys
+    if api.name in ("messages", "gemini"):  # an object on the wire: serialised with sorted keys
         assert call["arguments"] == json.dumps(arguments, sort_keys=True, separators=(",", ":"))
     else:  # the exact text the model produced
         body = tools["response"]
@@ -215,13 +221,19 @@ def test_every_answer_kind_is_recorded_whole(
     assert cut["finish_reason"] == "length"
     assert (
         cut["provider_finish_reason"]
-        == {"chat": "length", "responses": "max_output_tokens", "messages": "max_tokens"}[api.name]
+        == {"chat": "length", "responses": "max_output_tokens", "messages": "max_tokens", "gemini": "MAX_TOKENS"}[
+            api.name
+        ]
     )
     assert cut["usage"]["output_tokens"] == 5 and "VERDICT" not in cut["output"]
 
     refusal = lines["refusal"]
-    assert refusal["refusal"] == REFUSAL and refusal["finish_reason"] == "refusal"
-    assert refusal["output"] == ("" if api.name != "messages" else REFUSAL)
+    if api.name == "gemini":  # Gemini has no refusal: a safety stop, with no content
+        assert refusal["refusal"] is None and refusal["finish_reason"] == "content_filter"
+        assert refusal["provider_finish_reason"] == "SAFETY" and refusal["output"] == ""
+    else:
+        assert refusal["refusal"] == REFUSAL and refusal["finish_reason"] == "refusal"
+        assert refusal["output"] == ("" if api.name != "messages" else REFUSAL)
 
     first, second = lines["cached_first"]["usage"], lines["cached_second"]["usage"]
     reads = sorted([first["cached_input_tokens"], second["cached_input_tokens"]])
