@@ -125,11 +125,22 @@ def test_two_daemons_never_submit_or_poll_the_same_batch_at_once(pg_url: str, tm
     store.close()
 
 
-def test_cancel_a_batch_keeps_what_finished_and_cancels_the_rest(sqlite_url: str, tmp_path: Path) -> None:
+# What each provider calls a batch that is being canceled, and one that was.
+CANCELING = {
+    "openai": ("cancell(ing|ed)", "cancelled"),
+    "gemini": ("JOB_STATE_(RUNNING|CANCELLED)", "JOB_STATE_CANCELLED"),
+}
+
+
+@pytest.mark.parametrize("provider", sorted(CANCELING))
+def test_cancel_a_batch_keeps_what_finished_and_cancels_the_rest(
+    sqlite_url: str, tmp_path: Path, provider: str
+) -> None:
     log = tmp_path / "daemon.log"
+    canceling, canceled = CANCELING[provider]
     with mock_provider("--batch-latency", "4", "--batch-finalize-seconds", "0.5") as mock:
         env = ledger_env(sqlite_url, mock, **BATCH_ENV)
-        enqueue_batch(env, tmp_path, 40, "openai")
+        enqueue_batch(env, tmp_path, 40, provider)
         daemon = start_daemon(env, log, "--until-idle")
         store = Store(sqlite_url)
         wait_for(lambda: [b for b in rows(store, batches_t) if b["status"] == "submitted"])
@@ -138,10 +149,10 @@ def test_cancel_a_batch_keeps_what_finished_and_cancels_the_rest(sqlite_url: str
         assert out.returncode == 0, out.stderr
         # The provider finalizes a cancel over half a second ("cancelling", then "cancelled"); the
         # daemon, seeing the cancel marked, may have sent it first.
-        assert re.search(r"batch 1: openai says cancell(ing|ed)", out.stdout), out.stdout
+        assert re.search(rf"batch 1: {provider} says {canceling}", out.stdout), out.stdout
         assert daemon.wait(timeout=60) == 0
     (batch,) = rows(store, batches_t)
-    assert (batch["status"], batch["provider_status"]) == ("canceled", "cancelled")
+    assert (batch["status"], batch["provider_status"]) == ("canceled", canceled)
     counts = store.status_counts()
     assert counts["completed"] + counts["canceled"] == 40 and counts["canceled"] > 0
     listed = subprocess.run([*LEDGER, "batches", "--json"], env=env, capture_output=True, text=True, check=True)
@@ -168,5 +179,5 @@ def test_cancel_a_batch_keeps_what_finished_and_cancels_the_rest(sqlite_url: str
     assert line["cost_usd"] == pytest.approx(sum(r["cost_usd"] or 0 for r in rows(store, requests_t)))
     first = rows(store, requests_t)[0]
     shown = subprocess.run([*LEDGER, "show", str(first["id"])], env=env, capture_output=True, text=True, check=True)
-    assert f"batch: 1 (openai {batch['provider_batch_id']}, canceled" in shown.stdout
+    assert f"batch: 1 ({provider} {batch['provider_batch_id']}, canceled" in shown.stdout
     store.close()

@@ -1,0 +1,204 @@
+"""Gemini (both databases, the real `google-genai` SDK against the mock's Gemini wire): Gemini's own
+batch-input lines at enqueue, any stored request replayed on Gemini, the example evaluation with a
+Gemini judge (structured batching included), and its quotas: a per-day quota spent pauses the pool
+until the provider's daily reset, a per-minute 429 is retried after its RetryInfo delay.
+
+Every answer kind, online and in batches, with its cost from a written price file, is in
+`test_whole_answers.py`; expiry in `test_provider_batches.py`; the crash window in the acceptance
+tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from typer.testing import CliRunner
+
+from adapters.mock_provider import RunningMockProvider, running_mock_provider
+from ledger.api import Ledger
+from ledger.cli import app
+from ledger.enqueue import build_spec
+from ledger.jobs import trigger
+from ledger.spec import AgentSpec, load_spec
+from ledger.store import Store
+from tests.integration.batch_helpers import batch_settings, requests_t, rows, run
+from tests.integration.store_helpers import event_lines, logged
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "eval" / "spec.toml"
+MODEL = "gemini-2.5-flash"
+
+
+@pytest.fixture
+def mock() -> Iterator[RunningMockProvider]:
+    with running_mock_provider(batch_latency=0.1) as server:
+        yield server
+
+
+def stored(db_url: str) -> list[dict[str, Any]]:
+    store = Store(db_url)
+    try:
+        return rows(store, requests_t)
+    finally:
+        store.close()
+
+
+def gemini_line(key: str, text: str, **request: Any) -> str:
+    body = {"contents": [{"role": "user", "parts": [{"text": text}]}], **request}
+    return json.dumps({"key": key, "request": body})
+
+
+def test_gemini_batch_lines_are_enqueued_in_the_ledgers_words_and_answered(
+    db_url: str, mock: RunningMockProvider, tmp_path: Path
+) -> None:
+    schema = {"type": "object", "properties": {"score": {"type": "integer", "minimum": 1, "maximum": 5}}}
+    config = {
+        "temperature": 0.2,
+        "max_output_tokens": 300,  # Gemini's JSON takes proto names too
+        "responseMimeType": "application/json",
+        "responseJsonSchema": schema,
+        "thinkingConfig": {"thinkingBudget": 0},
+    }
+    path = tmp_path / "gemini.jsonl"
+    path.write_text(
+        "\n".join(
+            [
+                gemini_line("g-1", "Score this answer.", systemInstruction={"parts": [{"text": "You grade."}]}),
+                gemini_line("g-2", "And this one.", generationConfig=config),
+            ]
+        )
+        + "\n"
+    )
+    settings = batch_settings(db_url, mock)
+    env = {"LEDGER_DATABASE_URL": db_url}
+    said = CliRunner().invoke(app, ["enqueue", str(path), "--model", MODEL], env=env)
+    assert said.exit_code == 0, said.output
+    first, second = stored(db_url)
+    assert (first["provider"], first["model"], first["endpoint"]) == ("gemini", MODEL, f"gemini:{MODEL}")
+    assert first["idempotency_key"] == "g-1" and first["input"]["system"] == "You grade."
+    assert first["input"]["messages"] == [{"role": "user", "content": "Score this answer."}]
+    # generationConfig in the ledger's vocabulary; what has no counterpart keeps Gemini's name.
+    assert second["params"] == {"temperature": 0.2, "max_tokens": 300, "thinkingConfig": {"thinkingBudget": 0}}
+    assert second["response_format"]["json_schema"]["schema"] == schema
+    run(settings)
+    first, second = stored(db_url)
+    assert first["status"] == second["status"] == "completed"
+    assert mock.server.stats()["calls"] == 2
+    assert 1 <= json.loads(second["raw_output"])["score"] <= 5  # the schema reached Gemini
+    assert "VERDICT:" in first["raw_output"] and first["response"]["candidates"]
+
+
+def test_a_bad_gemini_line_is_one_line_naming_it_and_nothing_is_written(db_url: str, tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(gemini_line("ok", "fine") + "\n" + json.dumps({"key": "bad", "request": {"contents": "hi"}}) + "\n")
+    said = CliRunner().invoke(app, ["enqueue", str(path), "--model", MODEL], env={"LEDGER_DATABASE_URL": db_url})
+    assert said.exit_code != 0
+    assert "bad.jsonl:2: request.contents must be a list" in said.output
+    assert len(said.output.strip().splitlines()) == 1
+    assert stored(db_url) == []
+
+
+def test_any_stored_request_goes_to_gemini_with_provider_gemini(
+    db_url: str, mock: RunningMockProvider, tmp_path: Path
+) -> None:
+    path = tmp_path / "chat.jsonl"
+    body = {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Rate it."}],
+        "max_tokens": 200,
+        "stop": "END",
+    }
+    path.write_text(json.dumps({"custom_id": "c-1", "method": "POST", "url": "/v1/chat/completions", "body": body}))
+    env = {"LEDGER_DATABASE_URL": db_url}
+    said = CliRunner().invoke(app, ["enqueue", str(path), "--provider", "gemini", "--model", MODEL], env=env)
+    assert said.exit_code == 0, said.output
+    run(batch_settings(db_url, mock))
+    (row,) = stored(db_url)
+    assert row["status"] == "completed" and row["provider"] == "gemini"
+    assert row["finish_reason"] == "stop" and row["output_tokens"] and row["cost_usd"]
+
+
+def test_the_example_evaluation_runs_with_a_gemini_judge_structured_batching_included(
+    db_url: str, mock: RunningMockProvider
+) -> None:
+    settings = batch_settings(db_url, mock, BATCHING_ENABLED=True)
+    spec = load_spec(EXAMPLE)
+    judge = AgentSpec(**{**spec.agents[0].__dict__, "provider": "gemini", "model": MODEL})
+    spec = replace(spec, id="gemini-eval", agents=(judge, *spec.agents[1:]))
+    store = Store(db_url)
+    trigger(store, settings, spec)
+    run(settings)
+    job = store.get_job("gemini-eval")
+    assert job is not None and job["status"] == "completed"
+    opinions = store.opinions("gemini-eval")
+    assert len(opinions) == 30 and all(o["score"] is not None for o in opinions)
+    gemini_rows = [r for r in store.list_requests(job_id="gemini-eval", limit=100) if r["provider"] == "gemini"]
+    # Structured batching: the Gemini judge asked for every dimension at once, against a JSON schema.
+    (row,) = gemini_rows
+    full = store.get_request(row["id"])
+    assert full is not None and full["response_format"]["type"] == "json_schema"
+    assert len(json.loads(full["raw_output"])["evaluations"]) == len(spec.dimensions) == 10
+    assert mock.server.stats()["calls"] == 3  # one request per judge
+    store.close()
+
+
+def test_a_spent_daily_quota_pauses_the_pool_until_midnight_in_los_angeles(
+    db_url: str, mock: RunningMockProvider
+) -> None:
+    settings = batch_settings(db_url, mock, MAX_CONCURRENT_LLM_CALLS=2)
+    pool = f"gemini:{MODEL}"
+    mock.spend_quota(MODEL)
+    with event_lines() as captured:
+        with Ledger(settings=settings) as ledger:
+            ledger.enqueue_many(
+                build_spec(
+                    provider=provider, model=model, messages=[{"role": "user", "content": f"q{i}"}], idempotency_key=k
+                )
+                for i in range(20)
+                for provider, model, k in (("gemini", MODEL, f"g{i}"), ("openai", "gpt-4o", f"o{i}"))
+            )
+        before = datetime.now(UTC)
+        run(settings)  # until idle: what is left waits only for the paused pool
+    found = stored(db_url)
+    assert all(r["status"] == "completed" for r in found if r["provider"] == "openai")  # another pool went on
+    paused = [r for r in found if r["provider"] == "gemini"]
+    assert all(r["status"] == "queued" and r["attempts"] == r["parked"] for r in paused)  # no attempt spent
+    assert int(mock.server.stats()["status_counts"]["quota"]) <= 2  # only the calls out when it was refused
+    usage = Store(db_url).pool_usage()[pool]
+    midnight = (before.astimezone(ZoneInfo("America/Los_Angeles")) + timedelta(days=1)).replace(
+        hour=0, minute=0, second=0, microsecond=0
+    )
+    until = usage["cooldown_until"]
+    until = until if until.tzinfo else until.replace(tzinfo=UTC)
+    assert abs((until - midnight).total_seconds()) < 60
+    assert "daily quota exhausted (GenerateRequestsPerDayPerProjectPerModel)" in usage["paused_reason"]
+    (pause,) = logged(captured, "quota_exhausted")
+    assert pause["pool"] == pool and pause["provider"] == "gemini"
+    # The quota is back (a new day); the operator lifts the pause rather than wait for midnight.
+    mock.spend_quota(MODEL, spent=False)
+    env = {"LEDGER_DATABASE_URL": db_url}
+    assert CliRunner().invoke(app, ["pools", "resume", pool], env=env).exit_code == 0
+    run(settings)
+    assert all(r["status"] == "completed" for r in stored(db_url))
+
+
+def test_a_per_minute_429_is_retried_after_its_retry_info_delay(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock, RETRY_MAX_ATTEMPTS=3)
+    with event_lines() as captured:
+        with Ledger(settings=settings) as ledger:
+            ledger.enqueue(
+                provider="gemini",
+                model=MODEL,
+                messages=[{"role": "user", "content": "[[mock:fail=429x1]] [[mock:retry_after=0.3]] go"}],
+            )
+        run(settings)
+    (row,) = stored(db_url)
+    assert row["status"] == "completed" and row["attempts"] == 2 and row["parked"] == 0  # not a quota pause
+    (retry,) = logged(captured, "retry")
+    assert retry["status_code"] == 429 and retry["delay_s"] >= 0.3  # no sooner than RetryInfo said
+    assert logged(captured, "quota_exhausted") == []
