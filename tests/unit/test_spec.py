@@ -165,8 +165,8 @@ ERRORS: list[tuple[str, str, str]] = [
     ),
     (
         "unknown provider",
-        toml(agents=(agent(provider='"gemini"'),)),
-        f"agents[0].provider: unknown provider 'gemini' (known: {AGENTS_PROVIDERS})",
+        toml(agents=(agent(provider='"gemni"'),)),
+        f"agents[0].provider: unknown provider 'gemni' (known: {AGENTS_PROVIDERS})",
     ),
     ("invalid delivery", toml('delivery = "fast"'), "delivery: must be 'online' or 'batch', got 'fast'"),
     ("negative budget", toml("budget_usd = -1"), "budget_usd: must be a number >= 0, got -1"),
