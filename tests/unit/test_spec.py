@@ -103,7 +103,7 @@ def test_json_round_trip_needs_no_files() -> None:
     assert JobSpec.from_json(json.loads(json.dumps(batch.to_json()))) == batch
 
 
-AGENTS_PROVIDERS = "anthropic, azure, mock, openai, openai-compatible"
+AGENTS_PROVIDERS = "anthropic, azure, gemini, mock, openai, openai-compatible"
 CHARSET = "1-200 letters, digits or . _ : -"
 ERRORS: list[tuple[str, str, str]] = [
     (
