@@ -79,8 +79,11 @@ def test_without_an_azure_endpoint_the_daemon_says_which_variable_is_missing(
     assert row["status"] == "error" and "AZURE_OPENAI_ENDPOINT must be set" in (row["error_message"] or "")
 
 
-def test_the_example_evaluation_runs_with_an_azure_judge(db_url: str, mock: RunningMockProvider) -> None:
-    settings = azure_settings(db_url, mock)
+@pytest.mark.parametrize("batching", [False, True], ids=["per-dimension", "structured"])
+def test_the_example_evaluation_runs_with_an_azure_judge(
+    db_url: str, mock: RunningMockProvider, batching: bool
+) -> None:
+    settings = azure_settings(db_url, mock, BATCHING_ENABLED=batching)
     spec = load_spec(EXAMPLE)
     azure_judge = AgentSpec(**{**spec.agents[0].__dict__, "provider": "azure", "model": "eval-judge"})
     spec = replace(spec, id="azure-eval", agents=(azure_judge, *spec.agents[1:]))
@@ -92,7 +95,7 @@ def test_the_example_evaluation_runs_with_an_azure_judge(db_url: str, mock: Runn
     opinions = store.opinions("azure-eval")
     assert len(opinions) == 30 and all(o["score"] is not None for o in opinions)
     azure_rows = [r for r in store.list_requests(job_id="azure-eval", limit=100) if r["provider"] == "azure"]
-    assert len(azure_rows) == 10
+    assert len(azure_rows) == (1 if batching else 10)  # structured: every dimension in one request
     store.close()
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from sqlalchemy import text
 from typer.testing import CliRunner
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
@@ -147,6 +148,21 @@ def test_the_example_evaluation_runs_with_a_gemini_judge_structured_batching_inc
     store.close()
 
 
+def refused(mock: RunningMockProvider) -> int:
+    return int(mock.server.stats()["status_counts"].get("quota", 0))
+
+
+def day_ends(db_url: str, pool: str) -> None:
+    """Midnight in Los Angeles has come, as far as the ledger can tell: the pause's end is past."""
+    store = Store(db_url)
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE llm_pools SET cooldown_until = :past WHERE endpoint = :pool"),
+            {"past": datetime(2000, 1, 1), "pool": pool},
+        )
+    store.close()
+
+
 def test_a_spent_daily_quota_pauses_the_pool_until_midnight_in_los_angeles(
     db_url: str, mock: RunningMockProvider
 ) -> None:
@@ -159,32 +175,56 @@ def test_a_spent_daily_quota_pauses_the_pool_until_midnight_in_los_angeles(
                 build_spec(
                     provider=provider, model=model, messages=[{"role": "user", "content": f"q{i}"}], idempotency_key=k
                 )
-                for i in range(20)
+                for i in range(100)
                 for provider, model, k in (("gemini", MODEL, f"g{i}"), ("openai", "gpt-4o", f"o{i}"))
+                if provider == "gemini" or i < 20
             )
         before = datetime.now(UTC)
         run(settings)  # until idle: what is left waits only for the paused pool
-    found = stored(db_url)
-    assert all(r["status"] == "completed" for r in found if r["provider"] == "openai")  # another pool went on
-    paused = [r for r in found if r["provider"] == "gemini"]
-    assert all(r["status"] == "queued" and r["attempts"] == r["parked"] for r in paused)  # no attempt spent
-    assert int(mock.server.stats()["status_counts"]["quota"]) <= 2  # only the calls out when it was refused
-    usage = Store(db_url).pool_usage()[pool]
-    midnight = (before.astimezone(ZoneInfo("America/Los_Angeles")) + timedelta(days=1)).replace(
-        hour=0, minute=0, second=0, microsecond=0
-    )
-    until = usage["cooldown_until"]
-    until = until if until.tzinfo else until.replace(tzinfo=UTC)
-    assert abs((until - midnight).total_seconds()) < 60
-    assert "daily quota exhausted (GenerateRequestsPerDayPerProjectPerModel)" in usage["paused_reason"]
-    (pause,) = logged(captured, "quota_exhausted")
-    assert pause["pool"] == pool and pause["provider"] == "gemini"
-    # The quota is back (a new day); the operator lifts the pause rather than wait for midnight.
+        found = stored(db_url)
+        assert all(r["status"] == "completed" for r in found if r["provider"] == "openai")  # another pool went on
+        paused = [r for r in found if r["provider"] == "gemini"]
+        assert len(paused) == 100 and all(r["status"] == "queued" and r["attempts"] == r["parked"] for r in paused)
+        at_pause = refused(mock)
+        assert at_pause <= 2  # only the calls out when it was refused
+        usage = Store(db_url).pool_usage()[pool]
+        midnight = (before.astimezone(ZoneInfo("America/Los_Angeles")) + timedelta(days=1)).replace(
+            hour=0, minute=0, second=0, microsecond=0
+        )
+        until = usage["cooldown_until"]
+        until = until if until.tzinfo else until.replace(tzinfo=UTC)
+        assert abs((until - midnight).total_seconds()) < 60
+        assert "daily quota exhausted (GenerateRequestsPerDayPerProjectPerModel)" in usage["paused_reason"]
+        (pause,) = logged(captured, "quota_exhausted")
+        assert pause["pool"] == pool and pause["provider"] == "gemini"
+
+        day_ends(db_url, pool)  # the quota is still spent: one request probes, and the pool pauses again
+        run(settings)
+        assert refused(mock) == at_pause + 1 and len(logged(captured, "quota_exhausted")) == 2
+        assert Store(db_url).pool_usage()[pool]["paused_until"] is not None
+
+        mock.spend_quota(MODEL, spent=False)  # a new day at Google
+        day_ends(db_url, pool)
+        run(settings)
+    found = [r for r in stored(db_url) if r["provider"] == "gemini"]
+    assert all(r["status"] == "completed" and r["attempts"] - r["parked"] == 1 for r in found)  # none ended `error`
+    assert refused(mock) == at_pause + 1
+
+
+def test_ledger_pools_resume_lifts_a_daily_pause_at_once(db_url: str, mock: RunningMockProvider) -> None:
+    settings = batch_settings(db_url, mock)
+    pool = f"gemini:{MODEL}"
+    mock.spend_quota(MODEL)
+    with Ledger(settings=settings) as ledger:
+        ledger.enqueue(provider="gemini", model=MODEL, messages=[{"role": "user", "content": "q"}])
+    run(settings)
+    assert stored(db_url)[0]["status"] == "queued"
     mock.spend_quota(MODEL, spent=False)
     env = {"LEDGER_DATABASE_URL": db_url}
-    assert CliRunner().invoke(app, ["pools", "resume", pool], env=env).exit_code == 0
+    resumed = CliRunner().invoke(app, ["pools", "resume", pool], env=env)
+    assert resumed.exit_code == 0 and f"pool {pool} resumed" in resumed.output
     run(settings)
-    assert all(r["status"] == "completed" for r in stored(db_url))
+    assert stored(db_url)[0]["status"] == "completed"
 
 
 def test_a_per_minute_429_is_retried_after_its_retry_info_delay(db_url: str, mock: RunningMockProvider) -> None:
