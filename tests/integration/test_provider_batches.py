@@ -115,14 +115,15 @@ def test_a_group_over_the_count_or_byte_limit_is_split(db_url: str, mock: Runnin
     store.close()
 
 
+@pytest.mark.parametrize("provider,model", [("openai", "gpt-4o-mini"), ("gemini", "gemini-2.5-flash")])
 def test_line_errors_are_retried_in_a_later_batch_and_permanent_ones_fail(
-    db_url: str, mock: RunningMockProvider
+    db_url: str, mock: RunningMockProvider, provider: str, model: str
 ) -> None:
     # Retries come due over the jitter's half second; waiting a second gathers them in one batch.
     settings = batch_settings(db_url, mock, LEDGER_PROVIDER_BATCH_WAIT=1)
     prompts = [f"p {i}" + (" [[mock:fail=500x1]]" if i % 4 == 0 else "") for i in range(20)]
     prompts.append("never [[mock:fail=400x*]]")
-    enqueue(settings, prompts)
+    enqueue(settings, prompts, provider=provider, model=model)
     run(settings)
 
     store = Store(db_url)
