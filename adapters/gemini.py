@@ -49,7 +49,8 @@ def gemini_client(api_key: str | None, base_url: str | None) -> genai.Client:
     """The SDK's client for the Gemini Developer API, no retries of its own; the key goes to it
     and nowhere else (never logged, never stored)."""
     options = genai_types.HttpOptions(base_url=base_url) if base_url else None
-    return genai.Client(api_key=api_key or "not-needed", http_options=options)
+    # Never Vertex AI, whatever GOOGLE_GENAI_USE_VERTEXAI says: provider `gemini` is the Developer API.
+    return genai.Client(vertexai=False, api_key=api_key or "not-needed", http_options=options)
 
 
 class GeminiAdapter:
