@@ -51,6 +51,16 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 PG_SERVER_KEY = pytest.StashKey[PgServer]()
+ACCEPTANCE = Path(__file__).parent / "acceptance"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `-n 2 --dist loadgroup` (the README's command), the acceptance tests run one after
+    another on one worker: they start daemons and time what real processes do, and two of them at
+    once would share the machine's two cores. Unit and integration tests fill the other worker."""
+    for item in items:
+        if ACCEPTANCE in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("acceptance"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 
 from ledger.store import Store
@@ -28,6 +29,9 @@ from tests.acceptance.procs import (
     wait_for,
     write_requests,
 )
+
+# Rates and windows that real processes keep: run alone, after the parallel part (README).
+pytestmark = pytest.mark.timing
 
 LINES = 300_000
 # Far below SQLite's busy timeout (30 s) and the lease (30 s): the longest the daemon may go
