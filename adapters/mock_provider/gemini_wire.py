@@ -120,15 +120,20 @@ def error(status: int, message: str, details: list[dict[str, Any]] | None = None
     return {"error": body}
 
 
-def per_minute_limited(retry_after: float, message: str) -> dict[str, Any]:
-    """A per-minute quota's 429: which quota, its value, and when to come back."""
+def _quota_failure(per: str, value: int) -> dict[str, Any]:
+    """A `QuotaFailure` naming the request quota per `per` (Minute, Day) and its value."""
     violation = {
         "quotaMetric": "generativelanguage.googleapis.com/generate_content_paid_tier_requests",
-        "quotaId": "GenerateRequestsPerMinutePerProjectPerModel",
-        "quotaValue": str(PER_MINUTE_QUOTA),
+        "quotaId": f"GenerateRequestsPer{per}PerProjectPerModel",
+        "quotaValue": str(value),
     }
-    details: list[dict[str, Any]] = [
-        {"@type": _RPC + "QuotaFailure", "violations": [violation]},
+    return {"@type": _RPC + "QuotaFailure", "violations": [violation]}
+
+
+def per_minute_limited(retry_after: float, message: str) -> dict[str, Any]:
+    """A per-minute quota's 429: which quota, its value, and when to come back."""
+    details = [
+        _quota_failure("Minute", PER_MINUTE_QUOTA),
         {"@type": _RPC + "RetryInfo", "retryDelay": f"{retry_after:g}s"},
     ]
     return error(429, f"You exceeded your current quota: {message}", details)
@@ -136,13 +141,8 @@ def per_minute_limited(retry_after: float, message: str) -> dict[str, Any]:
 
 def per_day_spent() -> dict[str, Any]:
     """A spent per-day quota's 429: no retry helps before the day's end in Mountain View."""
-    violation = {
-        "quotaMetric": "generativelanguage.googleapis.com/generate_content_paid_tier_requests",
-        "quotaId": "GenerateRequestsPerDayPerProjectPerModel",
-        "quotaValue": str(PER_DAY_QUOTA),
-    }
-    details: list[dict[str, Any]] = [
-        {"@type": _RPC + "QuotaFailure", "violations": [violation]},
+    details = [
+        _quota_failure("Day", PER_DAY_QUOTA),
         {"@type": _RPC + "Help", "links": [{"description": "Learn more", "url": "https://ai.google.dev/"}]},
     ]
     message = "You exceeded your current quota, please check your plan and billing details."

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -11,8 +13,10 @@ from adapters.mock_provider import RunningMockProvider
 from ledger.api import Ledger
 from ledger.daemon import DaemonReport, run_daemon
 from ledger.enqueue import build_spec
+from ledger.jobs import trigger
 from ledger.models import LlmAttempt, LlmBatch, LlmRequest
 from ledger.settings import Settings, load_settings
+from ledger.spec import AgentSpec, JobSpec, load_spec
 from ledger.store import Store
 
 requests_t = LlmRequest.__table__  # type: ignore[attr-defined]
@@ -76,3 +80,22 @@ def run(settings: Settings, timeout: float = 60) -> DaemonReport:
 def rows(store: Store, table: Any, *where: Any) -> list[dict[str, Any]]:
     with store.engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(select(table).where(*where).order_by(table.c.id))]
+
+
+EXAMPLE_SPEC = Path(__file__).resolve().parents[2] / "examples" / "eval" / "spec.toml"
+
+
+def example_with_judge(settings: Settings, provider: str, model: str, job_id: str) -> tuple[Store, JobSpec]:
+    """The example evaluation under `job_id`, its first judge on `provider`/`model`, run until idle
+    and checked complete (30 scored opinions); the store to look further, and the spec."""
+    spec = load_spec(EXAMPLE_SPEC)
+    judge = AgentSpec(**{**spec.agents[0].__dict__, "provider": provider, "model": model})
+    spec = replace(spec, id=job_id, agents=(judge, *spec.agents[1:]))
+    store = Store(settings.database_url)
+    trigger(store, settings, spec)
+    run(settings)
+    job = store.get_job(job_id)
+    assert job is not None and job["status"] == "completed"
+    opinions = store.opinions(job_id)
+    assert len(opinions) == 30 and all(o["score"] is not None for o in opinions)
+    return store, spec

@@ -4,8 +4,6 @@ paths, a deployment name as the model, the answer priced by the model it names."
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,14 +11,10 @@ import pytest
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from adapters.mock_provider.wire import AZURE_DEFAULT_MODEL
 from ledger.api import Ledger
-from ledger.jobs import trigger
 from ledger.prices import load_prices
 from ledger.settings import Settings
-from ledger.spec import AgentSpec, load_spec
 from ledger.store import Store
-from tests.integration.batch_helpers import batch_settings, requests_t, rows, run
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "eval" / "spec.toml"
+from tests.integration.batch_helpers import batch_settings, example_with_judge, requests_t, rows, run
 
 
 @pytest.fixture
@@ -84,16 +78,7 @@ def test_the_example_evaluation_runs_with_an_azure_judge(
     db_url: str, mock: RunningMockProvider, batching: bool
 ) -> None:
     settings = azure_settings(db_url, mock, BATCHING_ENABLED=batching)
-    spec = load_spec(EXAMPLE)
-    azure_judge = AgentSpec(**{**spec.agents[0].__dict__, "provider": "azure", "model": "eval-judge"})
-    spec = replace(spec, id="azure-eval", agents=(azure_judge, *spec.agents[1:]))
-    store = Store(db_url)
-    trigger(store, settings, spec)
-    run(settings)
-    job = store.get_job("azure-eval")
-    assert job is not None and job["status"] == "completed"
-    opinions = store.opinions("azure-eval")
-    assert len(opinions) == 30 and all(o["score"] is not None for o in opinions)
+    store, _ = example_with_judge(settings, "azure", "eval-judge", "azure-eval")
     azure_rows = [r for r in store.list_requests(job_id="azure-eval", limit=100) if r["provider"] == "azure"]
     assert len(azure_rows) == (1 if batching else 10)  # structured: every dimension in one request
     store.close()

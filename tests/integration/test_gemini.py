@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,10 @@ from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from ledger.api import Ledger
 from ledger.cli import app
 from ledger.enqueue import build_spec
-from ledger.jobs import trigger
-from ledger.spec import AgentSpec, load_spec
 from ledger.store import Store
-from tests.integration.batch_helpers import batch_settings, requests_t, rows, run
+from tests.integration.batch_helpers import batch_settings, example_with_judge, requests_t, rows, run
 from tests.integration.store_helpers import event_lines, logged
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "eval" / "spec.toml"
 MODEL = "gemini-2.5-flash"
 
 
@@ -128,16 +124,7 @@ def test_the_example_evaluation_runs_with_a_gemini_judge_structured_batching_inc
     db_url: str, mock: RunningMockProvider
 ) -> None:
     settings = batch_settings(db_url, mock, BATCHING_ENABLED=True)
-    spec = load_spec(EXAMPLE)
-    judge = AgentSpec(**{**spec.agents[0].__dict__, "provider": "gemini", "model": MODEL})
-    spec = replace(spec, id="gemini-eval", agents=(judge, *spec.agents[1:]))
-    store = Store(db_url)
-    trigger(store, settings, spec)
-    run(settings)
-    job = store.get_job("gemini-eval")
-    assert job is not None and job["status"] == "completed"
-    opinions = store.opinions("gemini-eval")
-    assert len(opinions) == 30 and all(o["score"] is not None for o in opinions)
+    store, spec = example_with_judge(settings, "gemini", MODEL, "gemini-eval")
     gemini_rows = [r for r in store.list_requests(job_id="gemini-eval", limit=100) if r["provider"] == "gemini"]
     # Structured batching: the Gemini judge asked for every dimension at once, against a JSON schema.
     (row,) = gemini_rows
