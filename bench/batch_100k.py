@@ -7,7 +7,7 @@ files, time to map the results back (requests/s), and the daemon's peak RSS
 (from wait4, so it is the daemon's alone). Targets: >= 20,000 requests/s mapped,
 peak RSS < 300 MB. Usage:
 
-    python -m bench.batch_100k [--requests 100000] [--provider openai|anthropic] [--db sqlite|postgres]
+    python -m bench.batch_100k [--requests 100000] [--provider openai|anthropic|gemini] [--db sqlite|postgres]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ledger.api import Ledger
 from ledger.enqueue import build_spec
 from ledger.settings import load_settings
 
-MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
+MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
 
 
 def enqueue(url: str, n: int, provider: str) -> float:
@@ -66,6 +66,8 @@ def run(n: int, provider: str, db: str) -> dict[str, Any]:
             "ANTHROPIC_BASE_URL": mock.anthropic_base_url,
             "OPENAI_API_KEY": "bench",
             "ANTHROPIC_API_KEY": "bench",
+            "GOOGLE_GEMINI_BASE_URL": mock.base_url,
+            "GEMINI_API_KEY": "bench",
             "LEDGER_PROVIDER_BATCH_SIZE": "50000",
             "LEDGER_PROVIDER_BATCH_WAIT": "0",
             "LEDGER_BATCH_POLL_INTERVAL": "0.5",
