@@ -1,0 +1,137 @@
+"""`/` (the overview: requests by status, pools, the oldest queued request, why nothing moves),
+`/batches` and `/spend`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ledger.store.browse import PoolView
+from ledger.web.app import Web, int_param
+
+# Seconds without a new attempt, while work is queued, after which the overview says why.
+STALL_S = 10.0
+# The spend page's windows: the last two days by hour, the last 30 days by day.
+WINDOWS = {"hour": 48 * 3600.0, "day": 30 * 86400.0}
+
+
+def routes(web: Web) -> list[BaseRoute]:
+    def overview(request: Request) -> Response:
+        return web.render(request, "overview.html", overview_context(web))
+
+    def batches(request: Request) -> Response:
+        rows, next_before = web.store.batch_page(before=int_param(request, "before"))
+        return web.render(request, "batches.html", {"batches": rows, "next_before": next_before})
+
+    def spend(request: Request) -> Response:
+        unit = request.query_params.get("unit", "hour")
+        if unit not in WINDOWS:
+            unit = "hour"
+        return web.render(request, "spend.html", spend_context(web, unit))
+
+    return [Route("/", overview), Route("/batches", batches), Route("/spend", spend)]
+
+
+def overview_context(web: Web) -> dict[str, Any]:
+    store, settings = web.store, web.settings
+    counts = store.requests_by_status()
+    pools = store.pool_views()
+    rules = settings.pool_rules
+    rows = [
+        {
+            "view": p,
+            "limit": settings.pool_limit(p.endpoint),
+            "rpm": rules.rpm.get(p.endpoint),
+            "tpm": rules.tpm.get(p.endpoint),
+            "state": pool_state(p, rules.spent(p.endpoint, p.window_calls, p.window_tokens)),
+        }
+        for p in pools
+    ]
+    daemons = store.heard_from(settings.lease_seconds * 2)
+    active = []
+    for job in store.active_jobs()[:20]:
+        active.append({"job": job, "progress": store.job_progress(job["id"])})
+    spent = store.spend_today() if settings.daily_budget_usd is not None else None
+    oldest = store.oldest_queued()
+    stalled = None
+    if oldest is not None and not store.started_within(STALL_S):
+        stalled = why_stalled(web, rows, daemons, spent)
+    return {
+        "counts": counts,
+        "pools": rows,
+        "daemons": daemons,
+        "active": active,
+        "oldest": oldest,
+        "stalled": stalled,
+        "spent_today": spent,
+        "budget": settings.daily_budget_usd,
+    }
+
+
+def pool_state(pool: PoolView, window_spent: bool) -> str:
+    if pool.paused_reason:
+        return f"paused: {pool.paused_reason}"
+    if pool.cooldown_until is not None:
+        return "cooling down after a 429"
+    if window_spent or pool.window_left == 0:
+        return "rate window spent"
+    return ""
+
+
+def why_stalled(web: Web, rows: list[dict[str, Any]], daemons: int, spent: float | None) -> str:
+    """One line: why queued work does not move (the first reason that holds, in the order an
+    operator would check them)."""
+    budget = web.settings.daily_budget_usd
+    if daemons == 0:
+        return "no daemon heard from: start one with `ledger daemon`"
+    if budget is not None and spent is not None and spent >= budget:
+        return f"today's budget is spent (${spent:.2f} of ${budget:.2f})"
+    waiting = [r for r in rows if r["view"].queued.n > 0]
+    for reason, test in (
+        ("paused", lambda r: bool(r["view"].paused_reason)),
+        ("in cooldown", lambda r: r["view"].cooldown_until is not None),
+        ("rate window spent", lambda r: r["state"] == "rate window spent"),
+        ("pool full", lambda r: r["view"].running.n >= r["limit"]),
+    ):
+        held = [r["view"].endpoint for r in waiting if test(r)]
+        if held:
+            return f"{reason}: {', '.join(held)}"
+    return "queued work is not due yet (retry back-off) or waits for a slot"
+
+
+def spend_context(web: Web, unit: str) -> dict[str, Any]:
+    rows, capped = web.store.spend_series(unit, WINDOWS[unit])
+    trouble = web.store.pool_trouble_series(unit, WINDOWS[unit])
+    tables = {by: pivot(rows, by) for by in ("model", "job_id", "provider")}
+    totals: dict[str, float] = defaultdict(float)
+    for row in rows:
+        totals["cost_usd"] += float(row["cost_usd"] or 0)
+        totals["requests"] += int(row["requests"])
+        totals["input_tokens"] += int(row["input_tokens"] or 0)
+        totals["output_tokens"] += int(row["output_tokens"] or 0)
+    return {"unit": unit, "tables": tables, "capped": capped, "trouble": trouble, "totals": totals}
+
+
+def pivot(rows: list[dict[str, Any]], by: str) -> list[dict[str, Any]]:
+    """Rows (bucket, model, job, provider) summed per (bucket, `by`), newest bucket first, with
+    each row's share of the largest cost (the bar beside it)."""
+    sums: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        key = (str(row["bucket"]), "" if row[by] is None else str(row[by]))
+        found = sums.setdefault(
+            key,
+            {"bucket": key[0], "key": key[1], "requests": 0, "cost_usd": 0.0, "input_tokens": 0, "output_tokens": 0},
+        )
+        found["requests"] += int(row["requests"])
+        found["cost_usd"] += float(row["cost_usd"] or 0)
+        found["input_tokens"] += int(row["input_tokens"] or 0)
+        found["output_tokens"] += int(row["output_tokens"] or 0)
+    out = sorted(sums.values(), key=lambda r: (r["bucket"], r["key"]), reverse=True)
+    top = max((r["cost_usd"] for r in out), default=0.0)
+    for r in out:
+        r["share"] = round(100 * r["cost_usd"] / top) if top else 0
+    return out
