@@ -626,7 +626,7 @@ def demo(
         soft_wrap=True,
     )
     out.print(
-        f"see it in a browser: LEDGER_DATABASE_URL=sqlite:///{summary['database']} ledger web",
+        f"see it in a browser: LEDGER_DATABASE_URL=sqlite:///{Path(summary['database']).resolve()} ledger web",
         highlight=False,
         markup=False,
         soft_wrap=True,
