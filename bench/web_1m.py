@@ -258,22 +258,33 @@ def measure(url: str, runs: int) -> list[tuple[str, float, float]]:
 
     store = Store(url)
     settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=url)
-    client = TestClient(create_app(store, settings, WebConfig(hosts=frozenset({"testserver"}))))
+    app = create_app(store, settings, WebConfig(hosts=frozenset({"testserver"})))
     found = []
-    for label, path in pages(store):
-        times = []
-        for i in range(runs + 2):
-            t = time.perf_counter()
-            response = client.get(path)
-            elapsed = (time.perf_counter() - t) * 1000
-            if response.status_code != 200:
-                raise SystemExit(f"{path}: {response.status_code}")
-            if i >= 2:  # two warm-ups: the first reads the pages into the cache
-                times.append(elapsed)
-        times.sort()
-        p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
-        found.append((label, statistics.median(times), p95))
-        print(f"  {label:<34} p50 {statistics.median(times):7.1f} ms   p95 {p95:7.1f} ms", flush=True)
+    with TestClient(app) as client:
+        # At start the ended hours are not summed yet (a background thread sums each once): the
+        # first view of /spend shows what is ready, and takes what any view takes.
+        t = time.perf_counter()
+        assert client.get("/spend?unit=day").status_code == 200
+        print(f"  {'spend (day), first view at start':<34} {(time.perf_counter() - t) * 1000:7.1f} ms", flush=True)
+        filled = time.perf_counter()
+        for label, path in pages(store):
+            if path.startswith("/spend"):
+                while app.state.web.spend.view("day")["missing"] and time.perf_counter() - filled < 300:
+                    time.sleep(0.5)
+            times = []
+            for i in range(runs + 2):
+                t = time.perf_counter()
+                response = client.get(path)
+                elapsed = (time.perf_counter() - t) * 1000
+                if response.status_code != 200:
+                    raise SystemExit(f"{path}: {response.status_code}")
+                if i >= 2:  # two warm-ups: the first reads the pages into the cache
+                    times.append(elapsed)
+            times.sort()
+            p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
+            found.append((label, statistics.median(times), p95))
+            print(f"  {label:<34} p50 {statistics.median(times):7.1f} ms   p95 {p95:7.1f} ms", flush=True)
+        print(f"  (the ended hours of 30 days were summed {time.perf_counter() - filled:.0f}s after start at most)")
     store.close()
     return found
 

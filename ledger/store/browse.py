@@ -11,14 +11,16 @@ Every query here answers from an index or a bounded slice of one, never from a w
   would hand the planner a million completed rows to sort).
 - Counts that could reach the whole table (requests by status and pool) count at most `COUNT_CAP`
   rows each and say so (`Count.capped`).
-- Spend over time reads the newest `SPEND_ROWS` completed requests of the window at most, through
-  the completion index, and says when it stopped there.
+- Spend over time is summed an hour at a time (`spend_between`, a range of the completion index);
+  the web view keeps each hour that has ended (`ledger.web.spend`), so a page sums the current
+  hour only. An hour holding more than `SPEND_ROWS` completions is summed up to there and says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import and_, case, func, literal, or_, select
@@ -29,7 +31,7 @@ from ledger.models import Job, LlmAttempt, LlmBatch, LlmPool, LlmPoolCall, LlmWo
 from ledger.statuses import RequestStatus
 from ledger.store.claim import requests
 from ledger.store.commit import reading
-from ledger.store.dialect import Dialect, db_now, db_now_plus, time_bucket, unindexed
+from ledger.store.dialect import Dialect, db_now, db_now_plus, unindexed
 
 jobs = Job.__table__  # type: ignore[attr-defined]
 opinions = Opinion.__table__  # type: ignore[attr-defined]
@@ -44,7 +46,7 @@ SCAN_ROWS = 120_000
 FIRST_SLICE = 5_000
 # Rows a count reads at most; beyond it the page says "N+".
 COUNT_CAP = 100_000
-# Completed requests the spend page aggregates at most (the newest of its window).
+# Completed requests one hour's spend sums at most.
 SPEND_ROWS = 100_000
 # The rate window the overview shows a pool's calls and tokens in (the RPM/TPM caps' window).
 RATE_WINDOW_S = 60.0
@@ -400,57 +402,38 @@ class BrowseQueries:
 
     # -- spend ---------------------------------------------------------------
 
-    def spend_series(self, unit: str, window_s: float) -> tuple[list[dict[str, Any]], bool]:
-        """Cost and tokens per time bucket (`hour` or `day`) by model, job and provider over the last
-        `window_s` seconds: the newest `SPEND_ROWS` completed requests of the window at most (True
-        when it stopped there)."""
-        c = requests.c
-        newest = (
-            select(c.completed_at, c.model, c.job_id, c.provider, c.cost_usd, c.input_tokens, c.output_tokens)
-            .where(c.completed_at > db_now_plus(-window_s))
-            .order_by(c.completed_at.desc())
-            .limit(SPEND_ROWS + 1)
+    def db_clock(self) -> datetime:
+        """The database's current time, in UTC (the spend page's hours are the database's)."""
+        with reading(self.engine) as conn:
+            now = conn.execute(select(db_now())).scalar_one()
+        return as_utc(now)
+
+    def spend_between(self, start: datetime, end: datetime, cap: int = SPEND_ROWS) -> tuple[list[dict[str, Any]], bool]:
+        """Requests completed in [start, end) through the completion index, summed per (model, job,
+        provider, pool): requests, cost, tokens, retries (attempts after the first) and 429s (the
+        attempts' partial index of 429s). At most `cap` requests (True when it stopped there)."""
+        c, a = requests.c, attempts.c
+        done = (
+            select(c.id, c.model, c.job_id, c.provider, c.endpoint, c.cost_usd, c.input_tokens, c.output_tokens)
+            .add_columns(c.attempts)
+            .where(c.completed_at >= start, c.completed_at < end)
+            .limit(cap + 1)
             .subquery()
         )
-        bucket = time_bucket(newest.c.completed_at, unit).label("bucket")
-        query = (
-            select(bucket, newest.c.model, newest.c.job_id, newest.c.provider)
-            .add_columns(
-                func.count().label("requests"),
-                func.sum(newest.c.cost_usd).label("cost_usd"),
-                func.sum(newest.c.input_tokens).label("input_tokens"),
-                func.sum(newest.c.output_tokens).label("output_tokens"),
-            )
-            .group_by(bucket, newest.c.model, newest.c.job_id, newest.c.provider)
-            .order_by(bucket.desc(), newest.c.model, newest.c.job_id)
-        )
+        too_many = select(func.count()).where(a.request_id == done.c.id, a.status_code == TOO_MANY).scalar_subquery()
+        keys = (done.c.model, done.c.job_id, done.c.provider, done.c.endpoint)
+        query = select(
+            *keys,
+            func.count().label("requests"),
+            func.sum(done.c.cost_usd).label("cost_usd"),
+            func.sum(done.c.input_tokens).label("input_tokens"),
+            func.sum(done.c.output_tokens).label("output_tokens"),
+            func.sum(case((done.c.attempts > 1, done.c.attempts - 1), else_=0)).label("retries"),
+            func.sum(too_many).label("too_many"),
+        ).group_by(*keys)
         with reading(self.engine) as conn:
             rows = [dict(r._mapping) for r in conn.execute(query)]
-        return rows, sum(int(r["requests"]) for r in rows) > SPEND_ROWS
-
-    def pool_trouble_series(self, unit: str, window_s: float) -> list[dict[str, Any]]:
-        """429s and retries (attempts after a request's first) per pool and time bucket, over the
-        window: read from the newest attempts (their primary key) back to the window's start."""
-        a, c = attempts.c, requests.c
-        first = select(func.min(a.id)).where(a.started_at > db_now_plus(-window_s)).scalar_subquery()
-        recent = (
-            select(a.started_at, a.status_code, a.attempt, a.request_id)
-            .where(a.id >= first)
-            .order_by(a.id.desc())
-            .limit(SPEND_ROWS)
-            .subquery()
-        )
-        bucket = time_bucket(recent.c.started_at, unit).label("bucket")
-        too_many = func.sum(case((recent.c.status_code == TOO_MANY, 1), else_=0)).label("too_many")
-        retries = func.sum(case((recent.c.attempt > 1, 1), else_=0)).label("retries")
-        query = (
-            select(bucket, c.endpoint, too_many, retries, func.count().label("attempts"))
-            .select_from(recent.join(requests, c.id == recent.c.request_id))
-            .group_by(bucket, c.endpoint)
-            .order_by(bucket.desc(), c.endpoint)
-        )
-        with reading(self.engine) as conn:
-            return [dict(r._mapping) for r in conn.execute(query)]
+        return rows, sum(int(r["requests"]) for r in rows) > cap
 
     # -- choices for the filter forms ----------------------------------------
 
@@ -474,6 +457,12 @@ def _top_id(conn: Connection) -> int | None:
 def _had_429(low: int, high: int) -> Any:
     a = attempts.c
     return select(a.request_id).where(a.status_code == TOO_MANY, a.request_id >= low, a.request_id < high)
+
+
+def as_utc(value: Any) -> datetime:
+    """A database time as an aware UTC datetime (SQLite hands back naive UTC, or text)."""
+    found: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return found.replace(tzinfo=UTC) if found.tzinfo is None else found.astimezone(UTC)
 
 
 def seconds_between(earlier: Any, later: Any) -> float:

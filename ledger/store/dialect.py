@@ -73,9 +73,6 @@ from ledger.store.sql_pieces import (
     storable as storable,
 )
 from ledger.store.sql_pieces import (
-    time_bucket as time_bucket,
-)
-from ledger.store.sql_pieces import (
     unindexed as unindexed,
 )
 

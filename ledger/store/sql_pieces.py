@@ -163,31 +163,3 @@ def read_json_column(value: Any) -> Any:
     processing: `Dialect.run_all`). These columns always hold an object or null, never a bare
     JSON string, so text is always to parse."""
     return read_json(value) if isinstance(value, str) else value
-
-
-class time_bucket(expression.FunctionElement[Any]):
-    """A timestamp's hour (`YYYY-MM-DD HH`) or day (`YYYY-MM-DD`) as text, in UTC: the web view's
-    spend over time groups by it. SQLite keeps timestamps as ISO text, so a prefix is the bucket;
-    PostgreSQL truncates and formats."""
-
-    inherit_cache = True
-    type = String()
-
-    def __init__(self, col: expression.ColumnElement[Any], unit: str) -> None:
-        if unit not in ("hour", "day"):
-            raise ValueError(f"time_bucket: unit must be hour or day, not {unit!r}")
-        super().__init__(col)
-        self.unit = unit
-
-
-@compiles(time_bucket, "postgresql")
-def _pg_time_bucket(element: time_bucket, compiler: SQLCompiler, **kw: Any) -> str:
-    value = compiler.process(next(iter(element.clauses)), **kw)
-    shape = "YYYY-MM-DD HH24" if element.unit == "hour" else "YYYY-MM-DD"
-    return f"to_char(date_trunc('{element.unit}', {value} AT TIME ZONE 'UTC'), '{shape}')"
-
-
-@compiles(time_bucket, "sqlite")
-def _sqlite_time_bucket(element: time_bucket, compiler: SQLCompiler, **kw: Any) -> str:
-    value = compiler.process(next(iter(element.clauses)), **kw)
-    return f"substr({value}, 1, {13 if element.unit == 'hour' else 10})"

@@ -8,6 +8,7 @@ SQLAlchemy, and a page is a handful of short queries.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from ledger.store import Store
 from ledger.store.browse import Count
 from ledger.web.live import Live
 from ledger.web.security import Guard, GuardMiddleware
+from ledger.web.spend import SpendHours
 
 # Keys whose values a page never shows (a header or a parameter a stage may have passed along).
 SECRET_WORDS = ("authorization", "api_key", "api-key", "apikey", "secret", "password", "token")
@@ -53,6 +55,7 @@ class Web:
         self.config = config
         self.guard = Guard.make(config.token, config.hosts)
         self.live = Live(store.change_marks, config.live_interval)
+        self.spend = SpendHours(store)
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("ledger.web", "templates"),
             autoescape=True,  # everything a model or a stage wrote is text, never markup
@@ -103,10 +106,14 @@ def create_app(store: Store, settings: Settings, config: WebConfig | None = None
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        stop = threading.Event()
+        filler = threading.Thread(target=web.spend.fill, args=(stop,), name="ledger-web-spend", daemon=True)
+        filler.start()
         async with anyio.create_task_group() as tg:
             tg.start_soon(web.live.run)
             yield
             tg.cancel_scope.cancel()
+        stop.set()
 
     app = Starlette(
         routes=routes,

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 from starlette.requests import Request
@@ -12,11 +11,10 @@ from starlette.routing import BaseRoute, Route
 
 from ledger.store.browse import PoolView
 from ledger.web.app import Web, int_param
+from ledger.web.spend import WINDOWS
 
 # Seconds without a new attempt, while work is queued, after which the overview says why.
 STALL_S = 10.0
-# The spend page's windows: the last two days by hour, the last 30 days by day.
-WINDOWS = {"hour": 48 * 3600.0, "day": 30 * 86400.0}
 
 
 def routes(web: Web) -> list[BaseRoute]:
@@ -29,9 +27,7 @@ def routes(web: Web) -> list[BaseRoute]:
 
     def spend(request: Request) -> Response:
         unit = request.query_params.get("unit", "hour")
-        if unit not in WINDOWS:
-            unit = "hour"
-        return web.render(request, "spend.html", spend_context(web, unit))
+        return web.render(request, "spend.html", web.spend.view(unit if unit in WINDOWS else "hour"))
 
     return [Route("/", overview), Route("/batches", batches), Route("/spend", spend)]
 
@@ -101,37 +97,3 @@ def why_stalled(web: Web, rows: list[dict[str, Any]], daemons: int, spent: float
         if held:
             return f"{reason}: {', '.join(held)}"
     return "queued work is not due yet (retry back-off) or waits for a slot"
-
-
-def spend_context(web: Web, unit: str) -> dict[str, Any]:
-    rows, capped = web.store.spend_series(unit, WINDOWS[unit])
-    trouble = web.store.pool_trouble_series(unit, WINDOWS[unit])
-    tables = {by: pivot(rows, by) for by in ("model", "job_id", "provider")}
-    totals: dict[str, float] = defaultdict(float)
-    for row in rows:
-        totals["cost_usd"] += float(row["cost_usd"] or 0)
-        totals["requests"] += int(row["requests"])
-        totals["input_tokens"] += int(row["input_tokens"] or 0)
-        totals["output_tokens"] += int(row["output_tokens"] or 0)
-    return {"unit": unit, "tables": tables, "capped": capped, "trouble": trouble, "totals": totals}
-
-
-def pivot(rows: list[dict[str, Any]], by: str) -> list[dict[str, Any]]:
-    """Rows (bucket, model, job, provider) summed per (bucket, `by`), newest bucket first, with
-    each row's share of the largest cost (the bar beside it)."""
-    sums: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in rows:
-        key = (str(row["bucket"]), "" if row[by] is None else str(row[by]))
-        found = sums.setdefault(
-            key,
-            {"bucket": key[0], "key": key[1], "requests": 0, "cost_usd": 0.0, "input_tokens": 0, "output_tokens": 0},
-        )
-        found["requests"] += int(row["requests"])
-        found["cost_usd"] += float(row["cost_usd"] or 0)
-        found["input_tokens"] += int(row["input_tokens"] or 0)
-        found["output_tokens"] += int(row["output_tokens"] or 0)
-    out = sorted(sums.values(), key=lambda r: (r["bucket"], r["key"]), reverse=True)
-    top = max((r["cost_usd"] for r in out), default=0.0)
-    for r in out:
-        r["share"] = round(100 * r["cost_usd"] / top) if top else 0
-    return out
