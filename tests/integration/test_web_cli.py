@@ -4,12 +4,7 @@ directory cannot exist, refused in one line."""
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -17,39 +12,7 @@ import pytest
 
 from ledger.enqueue import build_spec, to_row
 from ledger.store import Store
-
-LEDGER = [sys.executable, "-m", "ledger.cli"]
-FIRST_LINE = re.compile(r"^ledger web: http://(\S+):(\d+)/$")
-
-
-def env_for(url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
-    return {**env, "LEDGER_DATABASE_URL": url, **extra}
-
-
-@contextmanager
-def web_process(url: str, *args: str, **env: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`ledger web --port 0 ARGS`, and the base URL its first line names; stopped after."""
-    proc = subprocess.Popen(
-        [*LEDGER, "web", "--port", "0", *args],
-        env=env_for(url, **env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().rstrip("\n")  # blocks until the server is bound
-        found = FIRST_LINE.match(line)
-        assert found, (line, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
-        yield proc, f"http://127.0.0.1:{found.group(2)}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+from tests.integration.web_helpers import LEDGER, env_for, web_process
 
 
 def test_the_first_line_names_the_port_taken_and_the_page_answers(db_url: str) -> None:

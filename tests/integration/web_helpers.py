@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -204,3 +209,38 @@ class Page(HTMLParser):
     def next_link(self) -> str | None:
         links = self.find("a", rel="next")
         return links[0][0]["href"] if links else None
+
+
+LEDGER = [sys.executable, "-m", "ledger.cli"]
+FIRST_LINE = re.compile(r"^ledger web: http://(\S+):(\d+)/$")
+
+
+def env_for(url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+    return {**env, "LEDGER_DATABASE_URL": url, **extra}
+
+
+@contextmanager
+def web_process(url: str, *args: str, **env: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`ledger web --port 0 ARGS` as a user starts it, and the base URL its first line names
+    (always reached through 127.0.0.1); stopped after."""
+    proc = subprocess.Popen(
+        [*LEDGER, "web", "--port", "0", *args],
+        env=env_for(url, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().rstrip("\n")  # blocks until the server is bound
+        found = FIRST_LINE.match(line)
+        assert found, (line, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        yield proc, f"http://127.0.0.1:{found.group(2)}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
