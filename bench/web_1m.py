@@ -7,6 +7,7 @@ the server's own time, no network) and prints p50 / p95 per page. The target: p9
     python -m bench.web_1m --db sqlite|postgres [--requests 1000000] [--runs 20]
     python -m bench.web_1m --db sqlite --keep /tmp/web1m.db      # build once, keep the file
     python -m bench.web_1m --url sqlite:////tmp/web1m.db          # measure an existing ledger
+    python -m bench.web_1m --db postgres --keep web1m              # a kept schema "web1m"
 
 The shape: 20 jobs of 50,000 requests (two of them running, the rest completed) plus the example
 evaluation job with its 30 opinions; three models in two providers; 10 % of the requests in 100
@@ -26,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from sqlalchemy import insert, select, text, update
 
 from bench.common import PG_DSN, fresh_database
@@ -296,13 +298,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--pg", default=PG_DSN)
     parser.add_argument("--url", help="Measure this existing ledger (no build).")
-    parser.add_argument("--keep", help="SQLite: build into this file and keep it (measure later with --url).")
+    parser.add_argument(
+        "--keep", help="Build into this SQLite file (or, with --db postgres, this new schema) and keep it; then --url."
+    )
     args = parser.parse_args()
     if args.url:
         results = measure(args.url, args.runs)
     else:
         with contextlib.ExitStack() as stack:
-            if args.keep:
+            if args.keep and args.db == "postgres":  # a schema of that name, created, kept
+                with psycopg.connect(args.pg.replace("+psycopg", ""), autocommit=True) as admin:
+                    admin.execute(f'CREATE SCHEMA "{args.keep}"')
+                base = args.pg.replace("postgresql://", "postgresql+psycopg://")
+                url = f"{base}?options=-csearch_path%3D{args.keep}"
+            elif args.keep:
                 url = f"sqlite:///{Path(args.keep).resolve()}"
             else:
                 url = stack.enter_context(fresh_database("sqlite" if args.db == "sqlite" else "postgres", args.pg))

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from ledger.models import Job, LlmAttempt, LlmBatch, LlmPool, LlmPoolCall, LlmWorker, Opinion
-from ledger.statuses import RequestStatus
+from ledger.statuses import FINAL_STATUSES, RequestStatus
 from ledger.store.claim import requests
 from ledger.store.commit import reading
 from ledger.store.dialect import Dialect, db_now, db_now_plus, unindexed
@@ -277,18 +277,36 @@ class BrowseQueries:
         with reading(self.engine) as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
 
-    def job_errors(self, job_id: str, limit: int = 20) -> list[dict[str, Any]]:
-        """The job's failed requests grouped by kind (error code, last status code), most first."""
+    def job_summary(self, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Per job: requests done/total, in flight, cut off at max_tokens, spend (costs plus what
+        calls in flight reserve, as `job_progress` counts it) and its failed requests grouped by
+        kind, most first. One grouped read of the jobs' rows (their index), where `job_progress`
+        and an errors query would each read them again."""
         c = requests.c
+        cut = case((c.finish_reason == "length", 1), else_=0)
+        keys = (c.job_id, c.status, c.error_code, c.last_status_code, cut)
         query = (
-            select(c.error_code, c.last_status_code, func.count().label("n"), func.min(c.id).label("first_id"))
-            .where(c.job_id == job_id, unindexed(c.status) == RequestStatus.ERROR.value)
-            .group_by(c.error_code, c.last_status_code)
-            .order_by(func.count().desc())
-            .limit(limit)
+            select(*keys, func.count(), func.sum(c.cost_usd), func.sum(c.reserved_usd), func.min(c.id))
+            .where(c.job_id.in_(list(job_ids)))
+            .group_by(*keys)
         )
+        found = {job: _empty_summary() for job in job_ids}
         with reading(self.engine) as conn:
-            return [dict(r._mapping) for r in conn.execute(query)]
+            for job, status, code, last, is_cut, n, cost, reserved, first in conn.execute(query):
+                facts = found[str(job)]
+                facts["total"] += int(n)
+                facts["done"] += int(n) if status in FINAL else 0
+                facts["running"] += int(n) if status in SPENDING else 0
+                facts["truncated"] += int(n) if is_cut else 0
+                facts["spent_usd"] += float(cost or 0) + (float(reserved or 0) if status in SPENDING else 0.0)
+                if status == RequestStatus.ERROR.value:
+                    kind = facts["errors"].setdefault((code, last), {"error_code": code, "last_status_code": last})
+                    kind["n"] = kind.get("n", 0) + int(n)
+                    kind["first_id"] = min(kind.get("first_id", first), first)
+        for facts in found.values():
+            facts["open"] = facts["total"] - facts["done"]
+            facts["errors"] = sorted(facts["errors"].values(), key=lambda e: -e["n"])
+        return found
 
     def cell_opinions(self, job_id: str, agent: str, dimension: str) -> list[dict[str, Any]]:
         """One matrix cell: its opinions (each sample) with their requests' status and attempts."""
@@ -441,6 +459,14 @@ class BrowseQueries:
         """Pools with state of their own (every pool that ever had a call) for the filter form."""
         with reading(self.engine) as conn:
             return [str(e) for e in conn.execute(select(pools.c.endpoint).order_by(pools.c.endpoint)).scalars()]
+
+
+FINAL = frozenset(status.value for status in FINAL_STATUSES)
+SPENDING = frozenset((RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value))
+
+
+def _empty_summary() -> dict[str, Any]:
+    return {"total": 0, "done": 0, "running": 0, "truncated": 0, "spent_usd": 0.0, "errors": {}}
 
 
 def _capped_count(conn: Connection, *where: ColumnElement[bool]) -> Count:

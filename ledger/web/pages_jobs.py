@@ -31,7 +31,7 @@ def routes(web: Web) -> list[BaseRoute]:
             except ValueError:
                 before = None
         rows = web.store.job_list(before=before)
-        running = {row["id"]: web.store.job_progress(row["id"]) for row in rows if row["status"] == "running"}
+        running = web.store.job_summary([row["id"] for row in rows if row["status"] == "running"])
         last = rows[-1] if len(rows) == 50 else None
         return web.render(request, "jobs.html", {"jobs": rows, "progress": running, "last": last})
 
@@ -72,12 +72,12 @@ def job_context(web: Web, job_id: str) -> dict[str, Any] | None:
     job = web.store.get_job(job_id)
     if job is None:
         return None
-    progress = web.store.job_progress(job_id)
+    progress = web.store.job_summary([job_id])[job_id]
     return {
         "job": job,
         "progress": progress,
         "duration_s": duration(job),
-        "errors": web.store.job_errors(job_id),
+        "errors": progress["errors"][:20],
         "error_lines": (job.get("errors") or [])[:50],
         "error_lines_total": len(job.get("errors") or []),
         "matrix": matrix(web, job),

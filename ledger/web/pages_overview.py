@@ -48,9 +48,9 @@ def overview_context(web: Web) -> dict[str, Any]:
         for p in pools
     ]
     daemons = store.heard_from(settings.lease_seconds * 2)
-    active = []
-    for job in store.active_jobs()[:20]:
-        active.append({"job": job, "progress": store.job_progress(job["id"])})
+    jobs = store.active_jobs()[:20]
+    summaries = store.job_summary([job["id"] for job in jobs])
+    active = [{"job": job, "progress": summaries[job["id"]]} for job in jobs]
     spent = store.spend_today() if settings.daily_budget_usd is not None else None
     oldest = store.oldest_queued()
     stalled = None

@@ -286,3 +286,12 @@ def test_change_marks_move_when_the_ledger_does(web_ledger: WebLedger, store: St
     assert after["requests"] != before["requests"]
     store.cancel(ids=[web_ledger.ids["page-010"]])
     assert store.change_marks()["completed"] != after["completed"]
+
+
+def test_the_job_summary_counts_as_job_progress_does(web_ledger: WebLedger, store: Store) -> None:
+    summary = store.job_summary([web_ledger.job_id, "no-such-job"])
+    progress = store.job_progress(web_ledger.job_id)
+    for key in ("total", "done", "open", "running", "truncated"):
+        assert summary[web_ledger.job_id][key] == progress[key], key
+    assert summary[web_ledger.job_id]["spent_usd"] == pytest.approx(progress["spent_usd"])
+    assert summary["no-such-job"]["total"] == 0 and summary["no-such-job"]["errors"] == []
