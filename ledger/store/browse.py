@@ -48,6 +48,8 @@ FIRST_SLICE = 5_000
 COUNT_CAP = 100_000
 # Completed requests one hour's spend sums at most.
 SPEND_ROWS = 100_000
+# Pools per status the overview lists at most.
+MOST_POOLS = 200
 # The rate window the overview shows a pool's calls and tokens in (the RPM/TPM caps' window).
 RATE_WINDOW_S = 60.0
 
@@ -181,31 +183,35 @@ class BrowseQueries:
 
     # -- overview ------------------------------------------------------------
 
-    def requests_by_status(self) -> dict[str, Count]:
-        """Requests per status, each counted up to `COUNT_CAP` through the (status, endpoint) index."""
-        with reading(self.engine) as conn:
-            return {status.value: _capped_count(conn, requests.c.status == status.value) for status in RequestStatus}
-
-    def pool_views(self) -> list[PoolView]:
-        """Each pool with work in flight or waiting, or with state of its own: busy and queued
-        (capped counts), learned limit, cooldown or pause, and its calls and tokens in the
-        current rate window."""
+    def requests_by_pool(self) -> dict[str, dict[str, Count]]:
+        """Requests per pool and status, each (pool, status) counted up to `COUNT_CAP` through the
+        (status, endpoint) index. A status's pools are found by seeking that index from one pool to
+        the next (a handful of index probes), never by reading its entries."""
         c = requests.c
+        found: dict[str, dict[str, Count]] = {}
+        with reading(self.engine) as conn:
+            for status in RequestStatus:
+                endpoint = conn.execute(select(func.min(c.endpoint)).where(c.status == status.value)).scalar()
+                seen = 0
+                while endpoint is not None and seen < MOST_POOLS:
+                    where = (c.status == status.value, c.endpoint == endpoint)
+                    found.setdefault(str(endpoint), {})[status.value] = _capped_count(conn, *where)
+                    seen += 1
+                    after = select(func.min(c.endpoint)).where(c.status == status.value, c.endpoint > endpoint)
+                    endpoint = conn.execute(after).scalar()
+        return {pool: found[pool] for pool in sorted(found)}
+
+    def pool_views(self, by_pool: dict[str, dict[str, Count]] | None = None) -> list[PoolView]:
+        """Each pool with requests, or with state of its own: busy and queued (capped counts, from
+        `by_pool` when the caller has them), learned limit, cooldown or pause, and its calls and
+        tokens in the current rate window."""
+        counts = self.requests_by_pool() if by_pool is None else by_pool
         with reading(self.engine) as conn:
             found: dict[str, PoolView] = {}
-            for status in (RequestStatus.RUNNING.value, RequestStatus.QUEUED.value):
-                capped = (
-                    select(c.endpoint).where(c.status == status).limit(COUNT_CAP + 1).subquery()
-                )  # fmt: skip
-                per_pool = conn.execute(select(capped.c.endpoint, func.count()).group_by(capped.c.endpoint)).all()
-                total = sum(int(n) for _, n in per_pool)
-                for endpoint, n in per_pool:
-                    view = found.setdefault(str(endpoint), PoolView(str(endpoint), Count(0), Count(0)))
-                    count = Count(int(n), capped=total > COUNT_CAP)
-                    if status == RequestStatus.RUNNING.value:
-                        view.running = count
-                    else:
-                        view.queued = count
+            for endpoint, statuses in counts.items():
+                running = statuses.get(RequestStatus.RUNNING.value, Count(0))
+                queued = statuses.get(RequestStatus.QUEUED.value, Count(0))
+                found[endpoint] = PoolView(endpoint, running, queued)
             state = conn.execute(
                 select(
                     pools.c.endpoint,

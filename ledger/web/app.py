@@ -32,8 +32,9 @@ from ledger.web.live import Live
 from ledger.web.security import Guard, GuardMiddleware
 from ledger.web.spend import SpendHours
 
-# Keys whose values a page never shows (a header or a parameter a stage may have passed along).
-SECRET_WORDS = ("authorization", "api_key", "api-key", "apikey", "secret", "password", "token")
+# Keys whose values a page never shows (a header or a parameter a stage may have passed along):
+# these names, or names ending in one of them (`x-api-key`, `openai_api_key`, `client_secret`).
+SECRET_KEYS = ("authorization", "api_key", "api-key", "apikey", "secret", "password", "access_token", "auth_token")
 
 
 @dataclass(frozen=True)
@@ -205,12 +206,15 @@ def pretty(value: Any) -> str:
     return json.dumps(redact(value), indent=2, ensure_ascii=False, default=str)
 
 
+def secret_key(key: object) -> bool:
+    name = str(key).lower()
+    return name in ("token", "bearer", "cookie") or name.endswith(SECRET_KEYS)
+
+
 def redact(value: Any) -> Any:
+    """A JSON value with the values of secret-looking keys, at any depth, replaced."""
     if isinstance(value, dict):
-        return {
-            k: "[hidden]" if any(word in str(k).lower() for word in SECRET_WORDS) else redact(v)
-            for k, v in value.items()
-        }
+        return {k: "[hidden]" if secret_key(k) else redact(v) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
     return value

@@ -9,7 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ledger.store.browse import PoolView
+from ledger.statuses import RequestStatus
+from ledger.store.browse import Count, PoolView
 from ledger.web.app import Web, int_param
 from ledger.web.spend import WINDOWS
 
@@ -34,8 +35,9 @@ def routes(web: Web) -> list[BaseRoute]:
 
 def overview_context(web: Web) -> dict[str, Any]:
     store, settings = web.store, web.settings
-    counts = store.requests_by_status()
-    pools = store.pool_views()
+    by_pool = store.requests_by_pool()
+    counts = totals(by_pool)
+    pools = store.pool_views(by_pool)
     rules = settings.pool_rules
     rows = [
         {
@@ -58,6 +60,7 @@ def overview_context(web: Web) -> dict[str, Any]:
         stalled = why_stalled(web, rows, daemons, spent)
     return {
         "counts": counts,
+        "by_pool": by_pool,
         "pools": rows,
         "daemons": daemons,
         "active": active,
@@ -66,6 +69,15 @@ def overview_context(web: Web) -> dict[str, Any]:
         "spent_today": spent,
         "budget": settings.daily_budget_usd,
     }
+
+
+def totals(by_pool: dict[str, dict[str, Count]]) -> dict[str, Count]:
+    """Requests per status over every pool (a total with a capped part is itself a floor: `N+`)."""
+    found = {}
+    for status in RequestStatus:
+        parts = [pool[status.value] for pool in by_pool.values() if status.value in pool]
+        found[status.value] = Count(sum(p.n for p in parts), capped=any(p.capped for p in parts))
+    return found
 
 
 def pool_state(pool: PoolView, window_spent: bool) -> str:

@@ -96,7 +96,8 @@ def routes(web: Web) -> list[BaseRoute]:
 
         def lines() -> Iterator[str]:
             for row in web.store.export_requests(where):
-                yield json.dumps(redact(row), default=str, ensure_ascii=False) + "\n"
+                shown = {k: redact(v) if isinstance(v, dict | list) else v for k, v in row.items()}
+                yield json.dumps(shown, default=str, ensure_ascii=False) + "\n"
 
         headers = {"Content-Disposition": 'attachment; filename="requests.jsonl"'}
         return StreamingResponse(lines(), media_type="application/x-ndjson", headers=headers)

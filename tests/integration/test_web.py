@@ -295,3 +295,29 @@ def test_the_job_summary_counts_as_job_progress_does(web_ledger: WebLedger, stor
         assert summary[web_ledger.job_id][key] == progress[key], key
     assert summary[web_ledger.job_id]["spent_usd"] == pytest.approx(progress["spent_usd"])
     assert summary["no-such-job"]["total"] == 0 and summary["no-such-job"]["errors"] == []
+
+
+def test_the_overview_counts_requests_by_pool_and_status(
+    client: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exact = store.ledger_counts().requests  # (pool, status) -> requests, counted whole
+    page = Page(client.get("/").text)
+    for (pool, status), n in exact.items():
+        assert page.find("tr", **{"data-pool": pool})
+        assert store.requests_by_pool()[pool][status].n == n
+    shown = {a["data-status"]: text for a, text in page.find("td", **{"data-status": "*"})}
+    for status in ("queued", "completed"):
+        assert shown[status].strip() == f"{sum(n for (_, s), n in exact.items() if s == status):,}"
+    monkeypatch.setattr(browse_module, "COUNT_CAP", 5)
+    capped = Page(client.get("/").text)
+    queued = {a["data-status"]: text for a, text in capped.find("td", **{"data-status": "*"})}["queued"]
+    assert queued.strip().endswith("+")
+
+
+def test_secret_looking_keys_are_hidden_and_token_counts_are_not() -> None:
+    from ledger.web.app import pretty
+
+    shown = pretty(
+        {"max_tokens": 5, "extra_headers": {"Authorization": "Bearer sk-1", "x-api-key": "sk-2"}, "api_key": "sk-3"}
+    )
+    assert '"max_tokens": 5' in shown and "sk-" not in shown and shown.count("[hidden]") == 3
