@@ -286,19 +286,18 @@ class BrowseQueries:
     def job_summary(self, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Per job: requests done/total, in flight, cut off at max_tokens, spend (costs plus what
         calls in flight reserve, as `job_progress` counts it) and its failed requests grouped by
-        kind, most first. One grouped read of the jobs' rows (their index), where `job_progress`
+        kind, most first. One grouped read of each job's rows (its index), where `job_progress`
         and an errors query would each read them again."""
         c = requests.c
         cut = case((c.finish_reason == "length", 1), else_=0)
         keys = (c.job_id, c.status, c.error_code, c.last_status_code, cut)
-        query = (
-            select(*keys, func.count(), func.sum(c.cost_usd), func.sum(c.reserved_usd), func.min(c.id))
-            .where(c.job_id.in_(list(job_ids)))
-            .group_by(*keys)
-        )
+        query = select(*keys, func.count(), func.sum(c.cost_usd), func.sum(c.reserved_usd), func.min(c.id))
         found = {job: _empty_summary() for job in job_ids}
         with reading(self.engine) as conn:
-            for job, status, code, last, is_cut, n, cost, reserved, first in conn.execute(query):
+            # One job per statement: PostgreSQL plans `job_id IN (a, b)` over two large jobs as a
+            # scan of both indexes' bitmaps, four times the cost of the two reads one at a time.
+            grouped = [row for job in job_ids for row in conn.execute(query.where(c.job_id == job).group_by(*keys))]
+            for job, status, code, last, is_cut, n, cost, reserved, first in grouped:
                 facts = found[str(job)]
                 facts["total"] += int(n)
                 facts["done"] += int(n) if status in FINAL else 0
