@@ -383,6 +383,13 @@ class BrowseQueries:
             query = select(*columns).where(requests.c.id.in_(list(ids))).order_by(requests.c.id.desc())
             return [dict(r._mapping) for r in conn.execute(query)]
 
+    def request_by_custom_id(self, custom_id: str) -> int | None:
+        """The request whose custom_id (idempotency key) is exactly this one: its unique index."""
+        with reading(self.engine) as conn:
+            query = select(requests.c.id).where(requests.c.idempotency_key == custom_id)
+            found = conn.execute(query).scalar_one_or_none()
+        return None if found is None else int(found)
+
     def request_opinions(self, request_id: int) -> list[dict[str, Any]]:
         """The opinions an answer became (an evaluation job's request)."""
         o = opinions.c

@@ -88,6 +88,8 @@ def routes(web: Web) -> list[BaseRoute]:
             "deliveries": [d.value for d in Delivery],
             "finish_reasons": FINISH_REASONS,
             "pools": web.store.known_pools(),
+            # A custom_id searched for whole is found at once, wherever the pages' walk is.
+            "exact": web.store.request_by_custom_id(where.q) if where.q else None,
         }
         return web.render(request, "requests.html", context)
 

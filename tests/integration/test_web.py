@@ -124,6 +124,8 @@ def test_filters_select_what_they_name(web_ledger: WebLedger, client: TestClient
     assert shown("finish_reason=length") == [ids["unparsed"]]
     assert shown("q=page-00") == sorted((ids[f"page-00{i}"] for i in range(10)), reverse=True)
     assert shown("q=%3Cscript") == [ids["hostile"]]
+    whole = Page(client.get("/requests?q=page-007").text).find("p", id="exact-match")
+    assert whole and f"#{ids['page-007']}" in whole[0][1]
     job_rows = shown(f"job={web_ledger.job_id}")
     assert len(job_rows) == 30 and job_rows == sorted(job_rows, reverse=True)
     assert set(shown("model=m1&pool=mock:m1")) <= {ids[f"page-{i:03d}"] for i in range(60)}
