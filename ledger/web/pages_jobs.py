@@ -72,7 +72,7 @@ def job_context(web: Web, job_id: str) -> dict[str, Any] | None:
     job = web.store.get_job(job_id)
     if job is None:
         return None
-    progress = web.store.job_summary([job_id])[job_id]
+    progress = web.store.job_summary([job_id], errors=True)[job_id]
     return {
         "job": job,
         "progress": progress,

@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ledger.jobs import trigger
 from ledger.settings import load_settings
 from ledger.spec import load_spec
@@ -22,11 +24,13 @@ from tests.integration.web_helpers import EXAMPLE, LEDGER, WebLedger, build_ledg
 NEVER_SET = "() => window.__pwned === undefined"
 
 
-def built(path: Path) -> WebLedger:
-    """`build_ledger` in a thread of its own: it runs a daemon on an event loop, and Playwright's
-    sync API keeps one running in this thread."""
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> WebLedger:
+    """One ledger for the tests that only read it: `build_ledger` in a thread of its own (it runs
+    a daemon on an event loop, and Playwright's sync API keeps one running in the test's thread)."""
+    path = tmp_path_factory.mktemp("browser") / "ledger.db"
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(build_ledger, f"sqlite:///{path / 'ledger.db'}").result()
+        return pool.submit(build_ledger, f"sqlite:///{path}").result()
 
 
 def report_scores(url: str, job_id: str) -> dict[tuple[str, str], str]:
@@ -43,8 +47,7 @@ def matrix_of(page: Any) -> dict[tuple[str, str], str]:
     return {(agent, dimension): score for agent, dimension, score in cells}
 
 
-def test_the_matrix_is_the_report_and_a_cell_reaches_its_attempts(page: Any, tmp_path: Path) -> None:
-    ledger = built(tmp_path)
+def test_the_matrix_is_the_report_and_a_cell_reaches_its_attempts(page: Any, ledger: WebLedger) -> None:
     with web_process(ledger.url) as (_proc, base):
         page.goto(f"{base}/jobs/{ledger.job_id}")
         expected = report_scores(ledger.url, ledger.job_id)
@@ -84,8 +87,7 @@ def test_the_job_page_follows_a_daemon_without_a_reload(page: Any, tmp_path: Pat
     store.close()
 
 
-def test_hostile_output_renders_as_text_and_runs_nothing(page: Any, tmp_path: Path) -> None:
-    ledger = built(tmp_path)
+def test_hostile_output_renders_as_text_and_runs_nothing(page: Any, ledger: WebLedger) -> None:
     with web_process(ledger.url) as (_proc, base):
         page.goto(f"{base}/requests/{ledger.ids['hostile']}")
         shown = page.text_content("#raw-output") or ""
@@ -99,8 +101,7 @@ def test_hostile_output_renders_as_text_and_runs_nothing(page: Any, tmp_path: Pa
         assert page.evaluate(NEVER_SET) and page.dialogs == []
 
 
-def test_off_loopback_the_browser_must_sign_in(page: Any, tmp_path: Path) -> None:
-    ledger = built(tmp_path)
+def test_off_loopback_the_browser_must_sign_in(page: Any, ledger: WebLedger) -> None:
     with web_process(ledger.url, "--host", "0.0.0.0", LEDGER_WEB_TOKEN="browser-t0ken") as (_proc, base):
         response = page.goto(f"{base}/jobs/{ledger.job_id}")
         assert response is not None and response.status == 401

@@ -24,6 +24,7 @@ from tests.integration.web_helpers import HOSTILE_AGENT, HOSTILE_KEY, Page, WebL
 __all__ = ["web_ledger"]  # the module-scoped fixture, built once per database
 
 HOSTS = frozenset({"testserver"})
+MSG = [{"role": "user", "content": "x"}]
 
 
 @pytest.fixture
@@ -323,3 +324,30 @@ def test_secret_looking_keys_are_hidden_and_token_counts_are_not() -> None:
         {"max_tokens": 5, "extra_headers": {"Authorization": "Bearer sk-1", "x-api-key": "sk-2"}, "api_key": "sk-3"}
     )
     assert '"max_tokens": 5' in shown and "sk-" not in shown and shown.count("[hidden]") == 3
+
+
+def test_a_job_page_groups_its_errors_by_kind(web_ledger: WebLedger, store: Store, client: TestClient) -> None:
+    from sqlalchemy import update
+
+    from ledger.enqueue import build_spec, to_row
+    from ledger.store.jobs import jobs
+    from tests.integration.web_helpers import requests_t
+
+    with store.engine.begin() as conn:
+        conn.execute(jobs.insert().values(id="with-errors", kind="adhoc", status="completed", phase="done"))
+    store.enqueue(
+        to_row(build_spec(model="m5", provider="mock", job_id="with-errors", idempotency_key=f"we-{i}", messages=MSG))
+        for i in range(4)
+    )
+    with store.engine.begin() as conn:
+        for i, code in enumerate(["server_error", "server_error", "timeout"]):
+            conn.execute(
+                update(requests_t)
+                .where(requests_t.c.idempotency_key == f"we-{i}")
+                .values(status="error", error_code=code, last_status_code=503 if code == "server_error" else None)
+            )
+    summary = store.job_summary(["with-errors"], errors=True)["with-errors"]
+    assert [(e["error_code"], e["n"]) for e in summary["errors"]] == [("server_error", 2), ("timeout", 1)]
+    assert (summary["total"], summary["done"], summary["open"]) == (4, 3, 1)
+    table = Page(client.get("/jobs/with-errors").text).find("table", id="job-errors")
+    assert table and "server_error" in table[0][1]
