@@ -29,9 +29,11 @@ def _missing(why: str) -> None:
     pytest.skip(HOW)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
-    """One browser for the session (a context per test keeps them apart)."""
+    """One browser per module (a context per test keeps them apart). Not per session: Playwright's
+    sync API keeps an event loop running in the main thread while it is started, and every later
+    test that runs one of its own (anyio.run) would fail."""
     executable = shutil.which("chromium") or shutil.which("chromium-browser")
     if executable is None:
         _missing("no chromium executable on PATH")

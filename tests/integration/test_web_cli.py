@@ -4,7 +4,9 @@ directory cannot exist, refused in one line."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -28,22 +30,32 @@ def test_the_first_line_names_the_port_taken_and_the_page_answers(db_url: str) -
 
 def test_a_page_hears_of_a_change_over_server_sent_events(sqlite_url: str) -> None:
     store = Store(sqlite_url)
+    done = threading.Event()
+
+    def keep_changing() -> None:
+        """A request enqueued every half second until the page hears (the server's first reading
+        after the page connects is its baseline: a change before it is not news)."""
+        for i in range(100):
+            if done.wait(0.5):
+                return
+            message = [{"role": "user", "content": "x"}]
+            store.enqueue([to_row(build_spec(model="m", provider="mock", idempotency_key=f"e-{i}", messages=message))])
+
+    changer = threading.Thread(target=keep_changing)
     with web_process(sqlite_url) as (_proc, base), httpx.stream("GET", base + "/events", timeout=20) as events:
         assert events.headers["content-type"].startswith("text/event-stream")
         lines = events.iter_lines()
         assert next(lines).startswith("retry:")  # listening: the probe loop has a listener now
-        spec = build_spec(
-            model="m", provider="mock", idempotency_key="e-1", messages=[{"role": "user", "content": "x"}]
-        )
-        seen: list[str] = []
-        for line in lines:  # the stream's own read timeout is the deadline
-            seen.append(line)
-            if line.startswith("event: change"):
-                break
-            if len(seen) == 3:  # the listening comment read: now change the ledger
-                store.enqueue([to_row(spec)])
-        data = next(lines)
-        assert data.startswith("data: ") and "requests" in data
+        changer.start()
+        try:
+            line = next(lines)
+            while not line.startswith("event: change"):  # the stream's read timeout is the deadline
+                line = next(lines)
+            data = next(lines)
+        finally:
+            done.set()
+            changer.join()
+        assert data.startswith("data: ") and "requests" in json.loads(data[len("data: ") :])
     store.close()
 
 
