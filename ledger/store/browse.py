@@ -48,6 +48,8 @@ FIRST_SLICE = 5_000
 COUNT_CAP = 100_000
 # Completed requests one hour's spend sums at most.
 SPEND_ROWS = 100_000
+# The newest attempts the overview reads for calls started in the rate window (pools without a cap).
+RECENT_ATTEMPTS = 20_000
 # Pools per status the overview lists at most.
 MOST_POOLS = 200
 # The rate window the overview shows a pool's calls and tokens in (the RPM/TPM caps' window).
@@ -227,12 +229,34 @@ class BrowseQueries:
                 view.cooldown_until = cooling
                 view.paused_reason = paused if cooling is not None else None
                 view.window_left = left
-            window = conn.execute(
+            # Pools with an RPM/TPM cap log their calls (`llm_pool_calls`, the window the claim
+            # enforces); the others are read from the newest attempts (calls started in the
+            # window) and the completion index (tokens of the answers that came back in it).
+            # The window's start is read once and bound: PostgreSQL's clock_timestamp() is volatile,
+            # and a comparison with it cannot search an index (it would read every completion).
+            a, c = attempts.c, requests.c
+            since = as_utc(conn.execute(select(db_now_plus(-RATE_WINDOW_S))).scalar_one())
+            top = conn.execute(select(func.max(a.id))).scalar() or 0
+            started = conn.execute(
+                select(a.request_id).where(a.id > top - RECENT_ATTEMPTS, a.started_at > since)
+            ).scalars()  # a range of the primary key, then its rows' start
+            ids = list(started)
+            for chunk in range(0, len(ids), 1000):
+                per_pool = select(c.endpoint, func.count()).where(c.id.in_(ids[chunk : chunk + 1000]))
+                for endpoint, calls in conn.execute(per_pool.group_by(c.endpoint)):
+                    if str(endpoint) in found:
+                        found[str(endpoint)].window_calls += int(calls)
+            answered = func.sum(func.coalesce(c.input_tokens, 0) + func.coalesce(c.output_tokens, 0))
+            recent = select(c.endpoint, answered).where(c.completed_at > since)
+            for endpoint, tokens in conn.execute(recent.group_by(c.endpoint)):
+                if str(endpoint) in found:
+                    found[str(endpoint)].window_tokens += int(tokens or 0)
+            capped = conn.execute(
                 select(pool_calls.c.endpoint, func.count(), func.coalesce(func.sum(pool_calls.c.tokens), 0))
                 .where(pool_calls.c.started_at > db_now_plus(-RATE_WINDOW_S))
                 .group_by(pool_calls.c.endpoint)
             ).all()
-            for endpoint, calls, tokens in window:
+            for endpoint, calls, tokens in capped:
                 if str(endpoint) in found:
                     found[str(endpoint)].window_calls = int(calls)
                     found[str(endpoint)].window_tokens = int(tokens)
