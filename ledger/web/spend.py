@@ -3,8 +3,9 @@
 An hour that has ended gains no completions (a request's `completed_at` is the database's clock
 when it finished), so its sums are worked out once, by a background thread of the server
 (`SpendHours.fill`), and kept here; a view sums only the current hour and reads the rest. Kept
-hours are summed again after `KEEP_S` (a price corrected with SQL changes past costs). Until the
-thread has reached an hour, the page says how many hours are still being summed.
+hours are summed again after `KEEP_S` (a price corrected with SQL changes past costs), but only
+while someone looks at the page: an idle server does not re-read a month every 15 minutes. Until
+the thread has reached an hour, the page says how many hours are still being summed.
 """
 
 from __future__ import annotations
@@ -43,11 +44,18 @@ class SpendHours:
         self.store = store
         self.hours: dict[datetime, Hour] = {}
         self.lock = threading.Lock()
+        self.viewed_at = float("-inf")  # time.monotonic() of the last view
 
     def fill(self, stop: threading.Event, hours: int = WINDOWS["day"]) -> None:
         """Sum every ended hour of the last `hours` that is missing or stale, newest first; then
-        wait and look again. Runs in a thread for the server's life."""
+        wait and look again. Runs in a thread for the server's life: a first pass at start, then
+        only while someone has looked at the spend page in the last `KEEP_S` seconds."""
+        first = True
         while not stop.is_set():
+            if not first and time.monotonic() - self.viewed_at > KEEP_S:
+                stop.wait(30.0)  # nobody looks at spend: an idle server asks the database nothing
+                continue
+            first = False
             current = hour_of(self.store.db_clock())
             for back in range(1, hours + 1):
                 if stop.is_set():
@@ -67,8 +75,8 @@ class SpendHours:
     def view(self, unit: str) -> dict[str, Any]:
         """The page's tables: per bucket (hour or day, newest first) by model, job and provider,
         429s and retries per pool, totals, and how many hours are not summed yet."""
-        now = self.store.db_clock()
-        current = hour_of(now)
+        self.viewed_at = time.monotonic()
+        current = hour_of(self.store.db_clock())
         rows, partial = self.store.spend_between(current, current + HOUR)
         hours = [(current, rows, partial)]
         missing = 0
