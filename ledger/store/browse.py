@@ -46,6 +46,8 @@ SCAN_ROWS = 120_000
 FIRST_SLICE = 5_000
 # Rows a count reads at most; beyond it the page says "N+".
 COUNT_CAP = 100_000
+# A job's newest requests its summary reads at most (a larger job's page says so).
+JOB_ROWS = 50_000
 # Completed requests one hour's spend sums at most.
 SPEND_ROWS = 100_000
 # The newest attempts the overview reads for calls started in the rate window (pools without a cap).
@@ -309,31 +311,47 @@ class BrowseQueries:
 
     def job_summary(self, job_ids: Sequence[str], *, errors: bool = False) -> dict[str, dict[str, Any]]:
         """Per job: requests done/total, in flight, cut off at max_tokens and spend (costs plus
-        what calls in flight reserve, as `job_progress` counts them) in one read of the job's rows
-        (its index) where `job_progress` reads them twice; with `errors`, its failed requests
-        grouped by kind, most first (a second read, grouping the failed rows only). One job per
-        statement: PostgreSQL plans `job_id IN (a, b)` over two large jobs as a scan of both
-        indexes' bitmaps, four times the cost of the two reads one at a time."""
-        c = requests.c
-        spending = c.status.in_(list(SPENDING))
-        query = select(
-            func.count(),
-            func.sum(case((c.status.in_(list(FINAL)), 1), else_=0)),
-            func.sum(case((spending, 1), else_=0)),
-            func.sum(case((c.finish_reason == "length", 1), else_=0)),
-            func.coalesce(func.sum(c.cost_usd), 0.0) + func.coalesce(func.sum(case((spending, c.reserved_usd))), 0.0),
-        )
-        kinds = (
-            select(c.error_code, c.last_status_code, func.count().label("n"), func.min(c.id).label("first_id"))
-            .where(unindexed(c.status) == RequestStatus.ERROR.value)
-            .group_by(c.error_code, c.last_status_code)
-            .order_by(func.count().desc())
-            .limit(50)
-        )
+        what calls in flight reserve, as `job_progress` counts them) in one read of the job's
+        newest `JOB_ROWS` requests through its index (`capped`: the job has more, and the numbers
+        are those of its newest); with `errors`, its failed requests among them grouped by kind,
+        most first. One job per statement: PostgreSQL plans `job_id IN (a, b)` over two large
+        jobs as a scan of both indexes' bitmaps, four times the cost of the reads one at a time."""
         found: dict[str, dict[str, Any]] = {}
         with reading(self.engine) as conn:
             for job in job_ids:
-                total, done, running, cut, spent = conn.execute(query.where(c.job_id == job)).one()
+                # More than JOB_ROWS? One entry of the (job_id, id) index past them, read from it alone.
+                beyond = select(requests.c.id).where(requests.c.job_id == job).order_by(requests.c.id.desc())
+                capped = conn.execute(beyond.offset(JOB_ROWS).limit(1)).first() is not None
+                rows: Any = requests
+                if capped:  # the newest JOB_ROWS only (a subquery; SQLite reads it once per statement)
+                    rows = (
+                        select(requests.c.id, requests.c.status, requests.c.finish_reason, requests.c.cost_usd)
+                        .add_columns(requests.c.reserved_usd, requests.c.error_code, requests.c.last_status_code)
+                        .add_columns(requests.c.job_id)
+                        .where(requests.c.job_id == job)
+                        .order_by(requests.c.id.desc())
+                        .limit(JOB_ROWS)
+                        .subquery()
+                    )
+                c = rows.c
+                spending = c.status.in_(list(SPENDING))
+                reserved = func.coalesce(func.sum(case((spending, c.reserved_usd))), 0.0)
+                total, done, running, cut, spent = conn.execute(
+                    select(
+                        func.count(),
+                        func.sum(case((c.status.in_(list(FINAL)), 1), else_=0)),
+                        func.sum(case((spending, 1), else_=0)),
+                        func.sum(case((c.finish_reason == "length", 1), else_=0)),
+                        func.coalesce(func.sum(c.cost_usd), 0.0) + reserved,
+                    ).where(c.job_id == job)
+                ).one()
+                kinds = (
+                    select(c.error_code, c.last_status_code, func.count().label("n"), func.min(c.id).label("first_id"))
+                    .where(c.job_id == job, unindexed(c.status) == RequestStatus.ERROR.value)
+                    .group_by(c.error_code, c.last_status_code)
+                    .order_by(func.count().desc())
+                    .limit(50)
+                )
                 found[job] = {
                     "total": int(total or 0),
                     "done": int(done or 0),
@@ -341,7 +359,8 @@ class BrowseQueries:
                     "running": int(running or 0),
                     "truncated": int(cut or 0),
                     "spent_usd": float(spent or 0.0),
-                    "errors": [dict(r._mapping) for r in conn.execute(kinds.where(c.job_id == job))] if errors else [],
+                    "capped": capped,
+                    "errors": [dict(r._mapping) for r in conn.execute(kinds)] if errors else [],
                 }
         return found
 

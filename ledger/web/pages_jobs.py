@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Route
 
 from ledger.scores import CellSummary, cell_summary, cells_of, disagree
 from ledger.web.app import Web
+from ledger.web.pages_overview import JOBS_SUMMED
 
 
 def routes(web: Web) -> list[BaseRoute]:
@@ -31,7 +32,7 @@ def routes(web: Web) -> list[BaseRoute]:
             except ValueError:
                 before = None
         rows = web.store.job_list(before=before)
-        running = web.store.job_summary([row["id"] for row in rows if row["status"] == "running"])
+        running = web.store.job_summary([row["id"] for row in rows if row["status"] == "running"][:JOBS_SUMMED])
         last = rows[-1] if len(rows) == 50 else None
         return web.render(request, "jobs.html", {"jobs": rows, "progress": running, "last": last})
 

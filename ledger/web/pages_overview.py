@@ -14,6 +14,9 @@ from ledger.store.browse import Count, PoolView
 from ledger.web.app import Web, int_param
 from ledger.web.spend import WINDOWS
 
+# Running jobs whose progress a list page sums (each a read of up to 50,000 of its requests);
+# the others link to their own page.
+JOBS_SUMMED = 3
 # Seconds without a new attempt, while work is queued, after which the overview says why.
 STALL_S = 10.0
 
@@ -50,9 +53,9 @@ def overview_context(web: Web) -> dict[str, Any]:
         for p in pools
     ]
     daemons = store.heard_from(settings.lease_seconds * 2)
-    jobs = store.active_jobs()[:20]
-    summaries = store.job_summary([job["id"] for job in jobs])
-    active = [{"job": job, "progress": summaries[job["id"]]} for job in jobs]
+    jobs = store.active_jobs()
+    summaries = store.job_summary([job["id"] for job in jobs[:JOBS_SUMMED]])
+    active = [{"job": job, "progress": summaries.get(job["id"])} for job in jobs[:50]]
     spent = store.spend_today() if settings.daily_budget_usd is not None else None
     oldest = store.oldest_queued()
     stalled = None

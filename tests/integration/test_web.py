@@ -351,3 +351,13 @@ def test_a_job_page_groups_its_errors_by_kind(web_ledger: WebLedger, store: Stor
     assert (summary["total"], summary["done"], summary["open"]) == (4, 3, 1)
     table = Page(client.get("/jobs/with-errors").text).find("table", id="job-errors")
     assert table and "server_error" in table[0][1]
+
+
+def test_a_job_larger_than_a_summary_reads_says_so(
+    web_ledger: WebLedger, store: Store, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(browse_module, "JOB_ROWS", 10)
+    summary = store.job_summary([web_ledger.job_id], errors=True)[web_ledger.job_id]
+    assert summary["capped"] and summary["total"] == 10 and summary["done"] == 10
+    page = Page(client.get(f"/jobs/{web_ledger.job_id}").text)
+    assert page.find("span", id="job-capped")
