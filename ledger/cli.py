@@ -535,6 +535,33 @@ def daemon(
     )
 
 
+@app.command()
+def web(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; other than loopback it needs LEDGER_WEB_TOKEN.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: a free one, named on the first line).")] = 8765,
+    allow_actions: Annotated[
+        bool,
+        typer.Option("--allow-actions", help="Offer cancel job, cancel batch and resume pool (POST, CSRF-checked)."),
+    ] = False,
+) -> None:
+    """Serve the live web view of the ledger: jobs and their score matrix, requests with every attempt, pools,
+    batches, spend. Its first line on stdout is `ledger web: http://HOST:PORT/`."""
+    import os
+
+    from ledger.web.server import WebRefused, serve
+
+    settings = settings_or_exit()
+    token = os.environ.get("LEDGER_WEB_TOKEN") or None
+    try:
+        with operator_errors():
+            serve(settings, host=host, port=port, allow_actions=allow_actions, token=token)
+    except WebRefused as exc:
+        err.print(str(exc), highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 @app.command(
     "mock-provider",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
@@ -597,6 +624,13 @@ def demo(
     out.print(
         f"ledger: {summary['database']}  (try: ledger report {summary['job_id']}, ledger requests, ledger show 1)",
         highlight=False,
+        soft_wrap=True,
+    )
+    out.print(
+        f"see it in a browser: LEDGER_DATABASE_URL=sqlite:///{Path(summary['database']).resolve()} ledger web",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
     )
 
 

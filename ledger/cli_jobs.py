@@ -8,7 +8,6 @@ unknown job.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -136,18 +135,19 @@ def opinion_json(opinion: dict[str, Any]) -> dict[str, Any]:
 
 def score_cell(opinions: list[dict[str, Any]]) -> str:
     """A cell of the score table: the score; with samples, their mean with n and spread (the
-    standard deviation of the scores), failed and unparsed samples counted beside it."""
+    standard deviation of the scores), failed and unparsed samples counted beside it. The numbers
+    come from `ledger.scores.cell_summary`, as the web view's matrix does."""
+    from ledger.scores import cell_summary
+
     if not opinions:
         return "-"
-    scores = [int(o["score"]) for o in opinions if o["score"] is not None]
-    unparsed = sum(1 for o in opinions if o["score"] is None and o["parse_error"])
-    failed = sum(1 for o in opinions if o["score"] is None and not o["parse_error"])
-    if len(opinions) == 1:
-        if scores:
-            return str(scores[0])
-        return "[red]unparsed[/]" if unparsed else "[red]failed[/]"
-    said = f"{statistics.fmean(scores):.2f} (n={len(scores)}, sd {statistics.pstdev(scores):.2f})" if scores else "-"
-    marks = [f"[red]{n} {what}[/]" for n, what in ((failed, "failed"), (unparsed, "unparsed")) if n]
+    cell = cell_summary(opinions)
+    if not cell.sampled:
+        if cell.scores:
+            return str(cell.scores[0])
+        return "[red]unparsed[/]" if cell.unparsed else "[red]failed[/]"
+    said = f"{cell.mean:.2f} (n={len(cell.scores)}, sd {cell.spread:.2f})" if cell.scores else "-"
+    marks = [f"[red]{n} {what}[/]" for n, what in ((cell.failed, "failed"), (cell.unparsed, "unparsed")) if n]
     return " ".join([said, *marks])
 
 

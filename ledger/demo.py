@@ -1,6 +1,7 @@
 """`ledger demo`: the example evaluation job, keyless, start to finish.
 
-`examples/eval/spec.toml` (3 judges x 10 dimensions over a small artifact), one
+`examples/eval/spec.toml` (shipped in the package as `ledger/data/examples/eval/spec.toml`;
+3 judges x 10 dimensions over a small artifact), one
 request each, through the real OpenAI SDK to the mock provider (which injects a
 few 503s so retries show), on a fresh SQLite ledger, daemon limit 5; then the
 parsed verdicts become 30 opinions. The JSON event log goes to a file beside the ledger.
@@ -20,8 +21,10 @@ from ledger.daemon import run_daemon
 from ledger.events import configure_logging
 from ledger.settings import load_settings
 
-# The example job users read first; the demo runs exactly it.
-EXAMPLE_SPEC = Path(__file__).resolve().parents[1] / "examples" / "eval" / "spec.toml"
+# The example job users read first; the demo runs exactly it. It ships inside the package
+# (ledger/data/examples/eval, package data; the repository's examples/eval links to it), so an
+# installed `ledger demo` finds it from any directory, not only from a source checkout.
+EXAMPLE_SPEC = Path(__file__).resolve().parent / "data" / "examples" / "eval" / "spec.toml"
 
 
 def demo_provider(latency: float) -> MockProviderConfig:

@@ -164,6 +164,8 @@ class LlmRequest(SQLModel, table=True):
         UniqueConstraint("idempotency_key", name="uq_llm_requests_idempotency_key"),
         Index("ix_llm_requests_inflight", "status", "endpoint"),
         Index("ix_llm_requests_job", "job_id", "created_at"),
+        # A job's requests newest first, a page at a time (the web view; migration 0013).
+        Index("ix_llm_requests_job_id", "job_id", "id"),
         Index("ix_llm_requests_created", "created_at"),
         # Only where set (decision 75): an online row never has a batch id, and has a completion
         # time only at the end; on PostgreSQL every UPDATE of a request would write them an entry.
@@ -288,6 +290,13 @@ class LlmAttempt(SQLModel, table=True):
     __table_args__ = (
         _check("outcome", AttemptOutcome),
         UniqueConstraint("request_id", "attempt", name="uq_llm_attempts_request_attempt"),
+        # The attempts answered 429 only (the web view's "had a 429" filter; migration 0013).
+        Index(
+            "ix_llm_attempts_429",
+            "request_id",
+            postgresql_where=text("status_code = 429"),
+            sqlite_where=text("status_code = 429"),
+        ),
     )
 
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))

@@ -7,6 +7,7 @@ from sqlalchemy.engine import Engine
 from ledger.store.audit import AuditQueries
 from ledger.store.batch_results import BatchResultQueries
 from ledger.store.batches import OPEN_BATCHES, BatchQueries
+from ledger.store.browse import BrowseQueries
 from ledger.store.commit import any_row
 from ledger.store.dialect import Dialect
 from ledger.store.intake import IntakeQueries
@@ -18,7 +19,16 @@ from ledger.store.schema import DatabaseError, open_engine
 __all__ = ["DatabaseError", "EnqueueResult", "Store"]
 
 
-class Store(QueueQueries, IntakeQueries, BatchQueries, BatchResultQueries, JobQueries, AuditQueries, LineageQueries):
+class Store(
+    QueueQueries,
+    IntakeQueries,
+    BatchQueries,
+    BatchResultQueries,
+    JobQueries,
+    AuditQueries,
+    LineageQueries,
+    BrowseQueries,
+):
     """Issues every query the ledger makes, on an engine whose schema is at head."""
 
     engine: Engine

@@ -106,7 +106,7 @@ def make_engine(
     if normalized.startswith("sqlite"):
         database = make_url(normalized).database
         if database and database != ":memory:":
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            _make_parent(Path(database).expanduser())
     else:
         kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=ping_on_checkout)
         parsed = make_url(normalized)
@@ -114,6 +114,22 @@ def make_engine(
             kwargs["connect_args"] = {k: v for k, v in LIBPQ_DEAD_HOST_LIMITS.items() if k not in parsed.query}
     engine = create_engine(normalized, json_deserializer=read_json, **kwargs)
     return engine, configure_engine(engine, idle_in_transaction_s)
+
+
+def _make_parent(database: Path) -> None:
+    """The SQLite file's directory, created if missing; a path that cannot hold it (a parent that is
+    a file, no permission) is an operator's error: one line, not a traceback."""
+    try:
+        database.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocking = next((p for p in reversed(database.parents) if p.exists() and not p.is_dir()), database.parent)
+        raise DatabaseError(
+            f"LEDGER_DATABASE_URL: cannot create the SQLite database {database}: {blocking} is a file, not a directory"
+        ) from None
+    except OSError as exc:
+        raise DatabaseError(
+            f"LEDGER_DATABASE_URL: cannot create the SQLite database {database}: {exc.strerror or exc}"
+        ) from None
 
 
 def _current_revision(conn: Connection) -> str | None:

@@ -29,6 +29,7 @@ COMMANDS = [
     "eval",
     "report",
     "reparse",
+    "web",
 ]
 
 
@@ -55,6 +56,12 @@ def test_demo_runs_the_seed_case_within_the_limit(tmp_path: Path) -> None:
     assert "example-eval: completed" in result.stdout
     scored = re.findall(r"│ [a-z_]+\s*│\s*([1-5])\s*│\s*([1-5])\s*│\s*([1-5])\s*│", result.stdout)
     assert len(scored) == 10, result.stdout
+    # It ends by naming the web view of its ledger.
+    database = (tmp_path / "ledger-demo" / "ledger.db").resolve()
+    assert (
+        result.stdout.strip().splitlines()[-1]
+        == f"see it in a browser: LEDGER_DATABASE_URL=sqlite:///{database} ledger web"
+    )
 
 
 def test_help_reads_well_for_every_command() -> None:

@@ -1,0 +1,154 @@
+"""`/jobs`, `/jobs/{id}` (progress, spend, errors by kind, the score matrix), a matrix cell's
+opinions and requests (`/jobs/{id}/cell`), and two jobs side by side (`/jobs/{a}/compare/{b}`).
+
+The matrix's numbers are `ledger.scores.cell_summary` of `Store.opinions`: what `ledger report`
+prints and `report --json` lists, worked out by the same function.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ledger.scores import CellSummary, cell_summary, cells_of, disagree
+from ledger.web.app import Web
+from ledger.web.pages_overview import JOBS_SUMMED
+
+
+def routes(web: Web) -> list[BaseRoute]:
+    web.env.globals["cell_text"] = cell_text
+
+    def job_list(request: Request) -> Response:
+        before = None
+        at, job_id = request.query_params.get("before_at"), request.query_params.get("before_id")
+        if at and job_id:
+            try:
+                before = (datetime.fromisoformat(at), job_id)
+            except ValueError:
+                before = None
+        rows = web.store.job_list(before=before)
+        running = web.store.job_summary([row["id"] for row in rows if row["status"] == "running"][:JOBS_SUMMED])
+        last = rows[-1] if len(rows) == 50 else None
+        return web.render(request, "jobs.html", {"jobs": rows, "progress": running, "last": last})
+
+    def job_page(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        context = job_context(web, job_id)
+        if context is None:
+            return web.not_found(f"job {job_id}")
+        return web.render(request, "job.html", context)
+
+    def cell(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        agent = request.query_params.get("agent", "")
+        dimension = request.query_params.get("dimension", "")
+        if web.store.get_job(job_id) is None:
+            return web.not_found(f"job {job_id}")
+        found = web.store.cell_opinions(job_id, agent, dimension)
+        summary = cell_summary(found)
+        context = {"job_id": job_id, "agent": agent, "dimension": dimension, "opinions": found, "summary": summary}
+        return web.render(request, "cell.html", context)
+
+    def compare(request: Request) -> Response:
+        a, b = request.path_params["a"], request.path_params["b"]
+        context = compare_context(web, a, b)
+        if context is None:
+            return web.not_found(f"job {a} or {b}")
+        return web.render(request, "compare.html", context)
+
+    return [
+        Route("/jobs", job_list),
+        Route("/jobs/{job_id}", job_page),
+        Route("/jobs/{job_id}/cell", cell),
+        Route("/jobs/{a}/compare/{b}", compare),
+    ]
+
+
+def job_context(web: Web, job_id: str) -> dict[str, Any] | None:
+    job = web.store.get_job(job_id)
+    if job is None:
+        return None
+    progress = web.store.job_summary([job_id], errors=True)[job_id]
+    return {
+        "job": job,
+        "progress": progress,
+        "duration_s": duration(job),
+        "errors": progress["errors"][:20],
+        "error_lines": (job.get("errors") or [])[:50],
+        "error_lines_total": len(job.get("errors") or []),
+        "matrix": matrix(web, job),
+    }
+
+
+def duration(job: dict[str, Any]) -> float | None:
+    started = job.get("started_at") or job.get("created_at")
+    if started is None:
+        return None
+    ended = job.get("completed_at")
+    end = _utc(ended).timestamp() if ended is not None else time.time()
+    return max(0.0, end - _utc(started).timestamp())
+
+
+def _utc(value: Any) -> datetime:
+    found: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
+
+
+def matrix(web: Web, job: dict[str, Any]) -> dict[str, Any] | None:
+    """Dimensions x agents of an evaluation job (None for requests enqueued with --job)."""
+    from ledger.jobs import job_spec
+
+    if not isinstance(job.get("spec"), dict) or "job" not in job["spec"]:
+        return None
+    spec = job_spec(job)
+    cells = cells_of(web.store.opinions(job["id"]))
+    agents = [a.name for a in spec.agents]
+    rows = []
+    for dimension in spec.dimensions:
+        summaries = {agent: cell_summary(cells.get((agent, dimension.id), [])) for agent in agents}
+        split = disagree(summaries.values())
+        rows.append({"dimension": dimension.id, "name": dimension.name, "cells": summaries, "disagree": split})
+    return {"agents": agents, "rows": rows, "samples": spec.samples}
+
+
+def cell_text(cell: CellSummary) -> str:
+    """What a cell shows: the score, or mean (n, sd) with samples; failed / unparsed marked."""
+    if cell.opinions == 0:
+        return "-"
+    if not cell.sampled:
+        if cell.scores:
+            return str(cell.scores[0])
+        return "unparsed" if cell.unparsed else "failed"
+    said = f"{cell.mean:.2f} (n={len(cell.scores)}, sd {cell.spread:.2f})" if cell.scores else "-"
+    marks = [f"{n} {what}" for n, what in ((cell.failed, "failed"), (cell.unparsed, "unparsed")) if n]
+    return " ".join([said, *marks])
+
+
+def compare_context(web: Web, a: str, b: str) -> dict[str, Any] | None:
+    job_a, job_b = web.store.get_job(a), web.store.get_job(b)
+    if job_a is None or job_b is None:
+        return None
+    left, right = matrix(web, job_a), matrix(web, job_b)
+    if left is None or right is None:
+        return {"a": job_a, "b": job_b, "rows": [], "agents": [], "problem": "both jobs must be evaluations"}
+    agents = [x for x in left["agents"] if x in right["agents"]]
+    right_rows = {row["dimension"]: row for row in right["rows"]}
+    rows = []
+    for row in left["rows"]:
+        other = right_rows.get(row["dimension"])
+        if other is None:
+            continue
+        cells = []
+        for agent in agents:
+            x, y = row["cells"][agent], other["cells"][agent]
+            change = None if x.mean is None or y.mean is None else y.mean - x.mean
+            cells.append({"agent": agent, "a": x, "b": y, "change": change})
+        rows.append({"dimension": row["dimension"], "cells": cells})
+    same = {r["dimension"] for r in left["rows"]} == set(right_rows)
+    problem = None if same else "the jobs' dimensions differ: only the shared ones are shown"
+    return {"a": job_a, "b": job_b, "rows": rows, "agents": agents, "problem": problem}

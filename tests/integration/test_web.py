@@ -1,0 +1,363 @@
+"""The web view through Starlette's TestClient, on SQLite and PostgreSQL: every page and fragment,
+the filters, keyset pages, exports, escaping of hostile output, the token, the Host check, and
+actions refused unless allowed (with their CSRF token when allowed)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+from typer.testing import CliRunner
+
+from ledger.cli import app as cli
+from ledger.store import Store
+from ledger.store import browse as browse_module
+from ledger.web import WebConfig, create_app
+from tests.integration.web_helpers import HOSTILE_AGENT, HOSTILE_KEY, Page, WebLedger, web_ledger
+
+__all__ = ["web_ledger"]  # the module-scoped fixture, built once per database
+
+HOSTS = frozenset({"testserver"})
+MSG = [{"role": "user", "content": "x"}]
+
+
+@pytest.fixture
+def store(web_ledger: WebLedger) -> Iterator[Store]:
+    opened = Store(web_ledger.url)
+    yield opened
+    opened.close()
+
+
+def client_for(ledger: WebLedger, store: Store, **config: Any) -> TestClient:
+    settings = ledger.settings()
+    return TestClient(create_app(store, settings, WebConfig(hosts=HOSTS, **config)))
+
+
+@pytest.fixture
+def client(web_ledger: WebLedger, store: Store) -> Iterator[TestClient]:
+    with client_for(web_ledger, store) as opened:
+        yield opened
+
+
+def all_ids(store: Store) -> list[int]:
+    return sorted((r["id"] for r in store.list_requests(limit=10_000)), reverse=True)
+
+
+def test_every_page_and_fragment_answers_with_its_content(web_ledger: WebLedger, client: TestClient) -> None:
+    job, ids = web_ledger.job_id, web_ledger.ids
+    pages = {
+        "/": ["Requests by status", 'id="pools"', "mock:m1", "Oldest queued request"],
+        "/?fragment=overview": ['id="status-counts"'],
+        "/jobs": [f'data-job="{job}"'],
+        "/jobs?fragment=jobs": ['id="jobs"'],
+        f"/jobs/{job}": ['id="score-matrix"', 'id="job-progress" data-done="30" data-total="30"'],
+        f"/jobs/{job}?fragment=job_summary": ['id="job-facts"'],
+        f"/jobs/{job}?fragment=job_matrix": ['id="score-matrix"'],
+        f"/jobs/{job}/cell?agent=defense&dimension=correctness": ['id="cell-opinions"', 'class="request-link"'],
+        f"/jobs/{job}/compare/{job}": ['id="compare"', 'data-change="0"'],
+        "/requests": ['id="requests"', 'rel="next"', "export.jsonl"],
+        "/requests?fragment=request_rows": ['id="requests"'],
+        f"/requests/{ids['limited']}": ['id="attempts"', 'data-attempt="1"', 'data-attempt="2"'],
+        f"/requests/{ids['limited']}?fragment=attempts": ['data-attempt="2"'],
+        "/batches": ['id="batches"'],
+        "/batches?fragment=batches": ['id="batches"'],
+        "/spend": ['id="spend-by-model"', 'id="pool-trouble"', "gpt-4o-mini"],
+        "/spend?unit=day": ['id="spend-by-job_id"'],
+        "/spend?fragment=spend": ['id="spend-total"'],
+    }
+    for path, expected in pages.items():
+        response = client.get(path)
+        assert response.status_code == 200, path
+        for text in expected:
+            assert text in response.text, (path, text)
+    assert client.get("/requests/999999").status_code == 404
+    assert client.get("/jobs/no-such-job").status_code == 404
+    assert client.get("/jobs?fragment=no_such").status_code == 404
+    assert client.get("/static/ledger.js").status_code == 200
+
+
+def test_the_matrix_equals_report_json(web_ledger: WebLedger, client: TestClient) -> None:
+    said = CliRunner().invoke(cli, ["report", web_ledger.job_id, "--json"], env={"LEDGER_DATABASE_URL": web_ledger.url})
+    assert said.exit_code == 0, said.output
+    opinions = [json.loads(line) for line in said.output.splitlines() if line.strip()]
+    expected = {(o["agent"], o["dimension"]): "" if o["score"] is None else str(o["score"]) for o in opinions}
+    page = Page(client.get(f"/jobs/{web_ledger.job_id}").text)
+    cells = page.find("td", **{"data-agent": "*", "data-dimension": "*"})
+    shown = {(a["data-agent"], a["data-dimension"]): a["data-score"] for a, _ in cells}
+    assert len(shown) == 30 and shown == expected
+    # Rows where judges differ by 2 or more are marked, and only those.
+    for row, _ in page.find("tr", **{"data-dimension": "*"}):
+        scores = [int(s) for (a, d), s in expected.items() if d == row["data-dimension"] and s]
+        assert ("disagree" in row.get("class", "")) == (max(scores) - min(scores) >= 2)
+
+
+def test_a_cell_leads_to_its_request_and_attempts(web_ledger: WebLedger, client: TestClient) -> None:
+    page = Page(client.get(f"/jobs/{web_ledger.job_id}").text)
+    cell = page.find("td", **{"data-agent": "prosecutor", "data-dimension": "clarity"})[0]
+    link = re.search(
+        r'href="([^"]+)"',
+        client.get(f"/jobs/{web_ledger.job_id}").text.split('data-agent="prosecutor" data-dimension="clarity"')[1],
+    )
+    assert cell and link
+    opened = Page(client.get(link.group(1).replace("&amp;", "&")).text)
+    (row, _), *_ = opened.find("tr", **{"data-request-id": "*"})
+    request = Page(client.get(f"/requests/{row['data-request-id']}").text)
+    assert request.find("table", id="attempts") and request.find("tr", **{"data-attempt": "1"})
+    assert request.find("mark", id="verdict-line")
+
+
+def test_filters_select_what_they_name(web_ledger: WebLedger, client: TestClient, store: Store) -> None:
+    ids = web_ledger.ids
+
+    def shown(query: str) -> list[int]:
+        return Page(client.get(f"/requests?{query}").text).row_ids()
+
+    assert shown("status=error") == [ids["error"]]
+    assert ids["hostile"] in shown("status=completed") and ids["error"] not in shown("status=completed")
+    assert shown("had_429=1") == [ids["limited"]]
+    assert shown("parse_error=1") == [ids["unparsed"]]
+    assert shown("finish_reason=length") == [ids["unparsed"]]
+    assert shown("q=page-00") == sorted((ids[f"page-00{i}"] for i in range(10)), reverse=True)
+    assert shown("q=%3Cscript") == [ids["hostile"]]
+    whole = Page(client.get("/requests?q=page-007").text).find("p", id="exact-match")
+    assert whole and f"#{ids['page-007']}" in whole[0][1]
+    job_rows = shown(f"job={web_ledger.job_id}")
+    assert len(job_rows) == 30 and job_rows == sorted(job_rows, reverse=True)
+    assert set(shown("model=m1&pool=mock:m1")) <= {ids[f"page-{i:03d}"] for i in range(60)}
+    assert shown("provider=mock&model=m1&delivery=batch") == []
+    assert shown("provider=openai&status=error") == []
+    assert len(shown("delivery=online")) == 50  # a full page
+    assert shown(f"job={web_ledger.job_id}&had_429=1") == []
+
+
+def test_keyset_pages_walk_every_request_once(client: TestClient, store: Store) -> None:
+    seen: list[int] = []
+    path: str | None = "/requests"
+    while path is not None:
+        page = Page(client.get(path).text)
+        seen += page.row_ids()
+        path = page.next_link()
+    assert seen == all_ids(store)
+
+
+def test_a_page_that_runs_out_of_its_scan_budget_goes_on_from_there(
+    client: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch, web_ledger: WebLedger
+) -> None:
+    monkeypatch.setattr(browse_module, "SCAN_ROWS", 20)
+    monkeypatch.setattr(browse_module, "FIRST_SLICE", 10)
+    seen: list[int] = []
+    pages = 0
+    path: str | None = "/requests?model=m2"
+    while path is not None:
+        text = client.get(path).text
+        pages += 1
+        seen += Page(text).row_ids()
+        path = Page(text).next_link()
+        path = None if path is None else path.replace("&amp;", "&")
+    expected = [r["id"] for r in store.list_requests(limit=10_000) if r["model"] == "m2"]
+    assert seen == sorted(expected, reverse=True) and pages > 3
+
+
+def test_exports_stream_the_filtered_set(web_ledger: WebLedger, client: TestClient, store: Store) -> None:
+    lines = client.get("/requests/export.jsonl?model=m1").text.splitlines()
+    rows = [json.loads(line) for line in lines]
+    expected = sorted((r["id"] for r in store.list_requests(limit=10_000) if r["model"] == "m1"), reverse=True)
+    assert [r["id"] for r in rows] == expected and all(r["model"] == "m1" for r in rows)
+    table = list(csv.DictReader(io.StringIO(client.get("/requests/export.csv?status=error").text)))
+    assert [int(r["id"]) for r in table] == [web_ledger.ids["error"]] and table[0]["error_code"] == "server_error"
+    everything = client.get("/requests/export.jsonl").text.splitlines()
+    assert len(everything) == len(all_ids(store))
+
+
+def test_hostile_output_is_text_everywhere(web_ledger: WebLedger, client: TestClient) -> None:
+    hostile = web_ledger.ids["hostile"]
+    pages = [f"/requests/{hostile}", "/requests", "/requests?q=%3Cscript", "/requests/export.csv"]
+    for path in pages[:3]:
+        html = client.get(path).text
+        assert "<script>window" not in html and "<img src=x" not in html, path
+        assert 'href="javascript:' not in html.lower() and 'onerror="window' not in html, path
+    page = client.get(f"/requests/{hostile}").text
+    assert "&lt;script&gt;window.__pwned = 1" in page
+    assert "&lt;img src=x onerror=&#34;window.__pwned = 2&#34;&gt;" in page
+    assert "&lt;a href=&#34;javascript:window.__pwned = 3&#34;&gt;" in page
+    assert HOSTILE_KEY not in page and "&lt;script&gt;window.__pwned=4&lt;/script&gt;" in page
+    assert "&lt;b&gt;fetch&lt;/b&gt;" in page  # a tool call's name
+    assert "&lt;script&gt;window.__pwned=7" in page  # thinking
+    assert HOSTILE_AGENT not in page  # trace values
+    # Every script a page loads is our own file; none is inline.
+    for path in ("/", f"/requests/{hostile}", f"/jobs/{web_ledger.job_id}"):
+        scripts = Page(client.get(path).text).find("script")
+        assert [a.get("src") for a, _ in scripts] == ["/static/ledger.js"]
+        assert all(not text.strip() for _, text in scripts)
+
+
+def test_security_headers(client: TestClient) -> None:
+    response = client.get("/")
+    csp = response.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+    assert response.headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_foreign_host_header_is_refused(client: TestClient) -> None:
+    assert client.get("/", headers={"host": "evil.example:8765"}).status_code == 421
+
+
+def test_with_a_token_every_request_needs_it(web_ledger: WebLedger, store: Store) -> None:
+    with client_for(web_ledger, store, token="s3cret-token") as client:
+        refused = client.get("/jobs", follow_redirects=False)
+        assert refused.status_code == 401 and 'id="login"' in refused.text and "s3cret" not in refused.text
+        assert client.get("/events").status_code == 401
+        assert client.get("/requests/export.jsonl").status_code == 401
+        assert client.get("/static/ledger.css").status_code == 200
+        assert client.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get("/jobs", headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
+        wrong = client.post("/login", data={"token": "nope", "next": "/jobs"}, follow_redirects=False)
+        assert wrong.status_code == 401
+        signed = client.post("/login", data={"token": "s3cret-token", "next": "/jobs"}, follow_redirects=False)
+        assert signed.status_code == 303 and signed.headers["location"] == "/jobs"
+        assert "s3cret-token" not in signed.headers["set-cookie"] and "httponly" in signed.headers["set-cookie"].lower()
+        assert client.get("/jobs").status_code == 200  # the cookie now
+        away = client.post("/login", data={"token": "s3cret-token", "next": "//evil.example/"}, follow_redirects=False)
+        assert away.headers["location"] == "/"
+
+
+def test_actions_are_refused_without_allow_actions(web_ledger: WebLedger, client: TestClient) -> None:
+    for path in (f"/jobs/{web_ledger.job_id}/cancel", "/batches/1/cancel", "/pools/mock:m1/resume"):
+        assert client.post(path, data={"csrf": "x"}).status_code == 403
+        assert client.get(path).status_code == 405
+    for path in ("/", f"/jobs/{web_ledger.job_id}", "/batches"):
+        assert 'method="post"' not in client.get(path).text
+
+
+def test_an_allowed_action_needs_its_csrf_token(web_ledger: WebLedger, store: Store) -> None:
+    from ledger.enqueue import build_spec, to_row
+    from ledger.store.jobs import jobs
+
+    with store.engine.begin() as conn:
+        conn.execute(jobs.insert().values(id="to-cancel", kind="adhoc", status="running", phase="running"))
+    store.enqueue(
+        [
+            to_row(
+                build_spec(
+                    model="m3",
+                    provider="mock",
+                    job_id="to-cancel",
+                    idempotency_key="tc-1",
+                    messages=[{"role": "user", "content": "x"}],
+                )
+            )
+        ]
+    )
+    with client_for(web_ledger, store, allow_actions=True) as client:
+        page = client.get("/jobs/to-cancel").text
+        token = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+        assert token and 'id="cancel-job"' in page
+        assert client.post("/jobs/to-cancel/cancel", data={}).status_code == 403
+        assert client.post("/jobs/to-cancel/cancel", data={"csrf": "0" * 64}).status_code == 403
+        crossed = client.post(
+            "/jobs/to-cancel/cancel", data={"csrf": token.group(1)}, headers={"origin": "http://evil.example"}
+        )
+        assert crossed.status_code == 403
+        assert store.get_job("to-cancel")["status"] == "running"  # type: ignore[index]
+        done = client.post("/jobs/to-cancel/cancel", data={"csrf": token.group(1)}, follow_redirects=False)
+        assert done.status_code == 303 and done.headers["location"] == "/jobs/to-cancel"
+    assert store.get_job("to-cancel")["status"] == "canceled"  # type: ignore[index]
+    assert store.status_counts("to-cancel")["canceled"] == 1
+
+
+def test_change_marks_move_when_the_ledger_does(web_ledger: WebLedger, store: Store) -> None:
+    from ledger.enqueue import build_spec, to_row
+
+    before = store.change_marks()
+    assert store.change_marks() == before  # nothing moved: the same marks
+    store.enqueue(
+        [
+            to_row(
+                build_spec(
+                    model="m4", provider="mock", idempotency_key="mark-1", messages=[{"role": "user", "content": "x"}]
+                )
+            )
+        ]
+    )
+    after = store.change_marks()
+    assert after["requests"] != before["requests"]
+    store.cancel(ids=[web_ledger.ids["page-010"]])
+    assert store.change_marks()["completed"] != after["completed"]
+
+
+def test_the_job_summary_counts_as_job_progress_does(web_ledger: WebLedger, store: Store) -> None:
+    summary = store.job_summary([web_ledger.job_id, "no-such-job"])
+    progress = store.job_progress(web_ledger.job_id)
+    for key in ("total", "done", "open", "running", "truncated"):
+        assert summary[web_ledger.job_id][key] == progress[key], key
+    assert summary[web_ledger.job_id]["spent_usd"] == pytest.approx(progress["spent_usd"])
+    assert summary["no-such-job"]["total"] == 0 and summary["no-such-job"]["errors"] == []
+
+
+def test_the_overview_counts_requests_by_pool_and_status(
+    client: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exact = store.ledger_counts().requests  # (pool, status) -> requests, counted whole
+    page = Page(client.get("/").text)
+    for (pool, status), n in exact.items():
+        assert page.find("tr", **{"data-pool": pool})
+        assert store.requests_by_pool()[pool][status].n == n
+    shown = {a["data-status"]: text for a, text in page.find("td", **{"data-status": "*"})}
+    for status in ("queued", "completed"):
+        assert shown[status].strip() == f"{sum(n for (_, s), n in exact.items() if s == status):,}"
+    monkeypatch.setattr(browse_module, "COUNT_CAP", 5)
+    capped = Page(client.get("/").text)
+    queued = {a["data-status"]: text for a, text in capped.find("td", **{"data-status": "*"})}["queued"]
+    assert queued.strip().endswith("+")
+
+
+def test_secret_looking_keys_are_hidden_and_token_counts_are_not() -> None:
+    from ledger.web.app import pretty
+
+    shown = pretty(
+        {"max_tokens": 5, "extra_headers": {"Authorization": "Bearer sk-1", "x-api-key": "sk-2"}, "api_key": "sk-3"}
+    )
+    assert '"max_tokens": 5' in shown and "sk-" not in shown and shown.count("[hidden]") == 3
+
+
+def test_a_job_page_groups_its_errors_by_kind(web_ledger: WebLedger, store: Store, client: TestClient) -> None:
+    from sqlalchemy import update
+
+    from ledger.enqueue import build_spec, to_row
+    from ledger.store.jobs import jobs
+    from tests.integration.web_helpers import requests_t
+
+    with store.engine.begin() as conn:
+        conn.execute(jobs.insert().values(id="with-errors", kind="adhoc", status="completed", phase="done"))
+    store.enqueue(
+        to_row(build_spec(model="m5", provider="mock", job_id="with-errors", idempotency_key=f"we-{i}", messages=MSG))
+        for i in range(4)
+    )
+    with store.engine.begin() as conn:
+        for i, code in enumerate(["server_error", "server_error", "timeout"]):
+            conn.execute(
+                update(requests_t)
+                .where(requests_t.c.idempotency_key == f"we-{i}")
+                .values(status="error", error_code=code, last_status_code=503 if code == "server_error" else None)
+            )
+    summary = store.job_summary(["with-errors"], errors=True)["with-errors"]
+    assert [(e["error_code"], e["n"]) for e in summary["errors"]] == [("server_error", 2), ("timeout", 1)]
+    assert (summary["total"], summary["done"], summary["open"]) == (4, 3, 1)
+    table = Page(client.get("/jobs/with-errors").text).find("table", id="job-errors")
+    assert table and "server_error" in table[0][1]
+
+
+def test_a_job_larger_than_a_summary_reads_says_so(
+    web_ledger: WebLedger, store: Store, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(browse_module, "JOB_ROWS", 10)
+    summary = store.job_summary([web_ledger.job_id], errors=True)[web_ledger.job_id]
+    assert summary["capped"] and summary["total"] == 10 and summary["done"] == 10
+    page = Page(client.get(f"/jobs/{web_ledger.job_id}").text)
+    assert page.find("span", id="job-capped")
