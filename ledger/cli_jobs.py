@@ -135,20 +135,11 @@ def opinion_json(opinion: dict[str, Any]) -> dict[str, Any]:
 
 def score_cell(opinions: list[dict[str, Any]]) -> str:
     """A cell of the score table: the score; with samples, their mean with n and spread (the
-    standard deviation of the scores), failed and unparsed samples counted beside it. The numbers
-    come from `ledger.scores.cell_summary`, as the web view's matrix does."""
-    from ledger.scores import cell_summary
+    standard deviation of the scores), failed and unparsed samples counted beside it. The cell
+    comes from `ledger.scores`, as the web view's matrix does."""
+    from ledger.scores import cell_summary, cell_text
 
-    if not opinions:
-        return "-"
-    cell = cell_summary(opinions)
-    if not cell.sampled:
-        if cell.scores:
-            return str(cell.scores[0])
-        return "[red]unparsed[/]" if cell.unparsed else "[red]failed[/]"
-    said = f"{cell.mean:.2f} (n={len(cell.scores)}, sd {cell.spread:.2f})" if cell.scores else "-"
-    marks = [f"[red]{n} {what}[/]" for n, what in ((cell.failed, "failed"), (cell.unparsed, "unparsed")) if n]
-    return " ".join([said, *marks])
+    return cell_text(cell_summary(opinions), lambda words: f"[red]{words}[/]")
 
 
 def print_scores(store: Any, job_id: str) -> None:

@@ -5,7 +5,7 @@ call `cell_summary` on the opinions `Store.opinions` returns, which `report --js
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,21 @@ class CellSummary:
         if not self.sampled:
             return str(self.scores[0])
         return f"{mean:.4f}".rstrip("0").rstrip(".")
+
+
+def cell_text(cell: CellSummary, marked: Callable[[str], str] = str) -> str:
+    """What a cell shows, in the terminal report and on the web page alike: the score, or with
+    samples their mean (n, sd), failed and unparsed ones counted beside it (`marked` dresses those
+    words: the terminal colours them)."""
+    if cell.opinions == 0:
+        return "-"
+    if not cell.sampled:
+        if cell.scores:
+            return str(cell.scores[0])
+        return marked("unparsed" if cell.unparsed else "failed")
+    said = f"{cell.mean:.2f} (n={len(cell.scores)}, sd {cell.spread:.2f})" if cell.scores else "-"
+    marks = [marked(f"{n} {what}") for n, what in ((cell.failed, "failed"), (cell.unparsed, "unparsed")) if n]
+    return " ".join([said, *marks])
 
 
 def cell_summary(opinions: Iterable[Mapping[str, Any]]) -> CellSummary:

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ledger.scores import CellSummary, cell_summary, cells_of, disagree
+from ledger.scores import cell_summary, cell_text, cells_of, disagree
 from ledger.web.app import Web
 from ledger.web.pages_overview import JOBS_SUMMED
 
@@ -114,19 +114,6 @@ def matrix(web: Web, job: dict[str, Any]) -> dict[str, Any] | None:
         split = disagree(summaries.values())
         rows.append({"dimension": dimension.id, "name": dimension.name, "cells": summaries, "disagree": split})
     return {"agents": agents, "rows": rows, "samples": spec.samples}
-
-
-def cell_text(cell: CellSummary) -> str:
-    """What a cell shows: the score, or mean (n, sd) with samples; failed / unparsed marked."""
-    if cell.opinions == 0:
-        return "-"
-    if not cell.sampled:
-        if cell.scores:
-            return str(cell.scores[0])
-        return "unparsed" if cell.unparsed else "failed"
-    said = f"{cell.mean:.2f} (n={len(cell.scores)}, sd {cell.spread:.2f})" if cell.scores else "-"
-    marks = [f"{n} {what}" for n, what in ((cell.failed, "failed"), (cell.unparsed, "unparsed")) if n]
-    return " ".join([said, *marks])
 
 
 def compare_context(web: Web, a: str, b: str) -> dict[str, Any] | None:

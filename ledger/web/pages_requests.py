@@ -14,34 +14,15 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from ledger.statuses import Delivery, RequestStatus
-from ledger.store.browse import RequestFilter
+from ledger.store.browse import ROW_COLUMNS, RequestFilter
 from ledger.web.app import Web, int_param, redact
 
 TEXT_FILTERS = ("status", "job", "pool", "provider", "model", "delivery", "finish_reason", "q")
 FLAG_FILTERS = ("parse_error", "had_429")
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "refusal", "other")
-# The columns of the CSV export (the JSONL export has every column but the input and the body).
-CSV_COLUMNS = (
-    "id",
-    "idempotency_key",
-    "job_id",
-    "provider",
-    "model",
-    "endpoint",
-    "delivery",
-    "status",
-    "finish_reason",
-    "attempts",
-    "last_status_code",
-    "error_code",
-    "parse_error",
-    "input_tokens",
-    "output_tokens",
-    "cost_usd",
-    "latency_ms",
-    "created_at",
-    "completed_at",
-)
+# The columns of the CSV export: a request list's, and when it ended (the JSONL export has every
+# column but the input and the body).
+CSV_COLUMNS = (*ROW_COLUMNS, "completed_at")
 
 
 def filter_of(request: Request) -> RequestFilter:
