@@ -1,6 +1,7 @@
-"""A mock LLM provider over real HTTP: OpenAI (chat and Responses) and Anthropic wire formats, no keys.
+"""A mock LLM provider over real HTTP: OpenAI (chat and Responses, also at Azure's paths), Anthropic and
+Gemini wire formats, no keys (Gemini's routes: `gemini_batches.py`, its bodies: `gemini_wire.py`).
 
-The real `openai` and `anthropic` SDKs talk to it unchanged, so tests, the demo
+The real `openai`, `anthropic` and `google-genai` SDKs talk to it unchanged, so tests, the demo
 and the benchmarks exercise the whole path. It simulates latency, a concurrency
 cap, and requests- and tokens-per-minute limits (each answered with 429 +
 retry-after; with `--rpm` or `--tpm`, every answer carries the provider's
@@ -8,9 +9,10 @@ rate-limit headers: what is left and when the window has room again), random fau
 faults via `[[mock:...]]` directives in the prompt text:
 
     [[mock:fail=503x2]]   the first 2 calls of this prompt get 503 (`x*`: every call)
-    [[mock:fail=429]]     429 with retry-after `[[mock:retry_after=S]]` (default 1 s)
+    [[mock:fail=429]]     429 with retry-after `[[mock:retry_after=S]]` (default 1 s; Gemini: RetryInfo)
     [[mock:quota]]        the account's quota is spent: OpenAI 429 insufficient_quota, Anthropic 400
-                          credit balance too low (`POST /_quota {"model": M, "spent": true}`: every
+                          credit balance too low, Gemini 429 with a per-day QuotaFailure
+                          (`POST /_quota {"model": M, "spent": true}`: every
                           call of model M, until `"spent": false`)
     [[mock:refuse]]       the model refuses (OpenAI `refusal`, Anthropic `stop_reason: refusal`)
     [[mock:hang]]         the first call hangs for `hang_seconds` (past any timeout)
