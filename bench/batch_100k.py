@@ -8,6 +8,7 @@ files, time to map the results back (requests/s), and the daemon's peak RSS
 peak RSS < 300 MB. Usage:
 
     python -m bench.batch_100k [--requests 100000] [--provider openai|anthropic|gemini] [--db sqlite|postgres]
+        [--keep-response full|derived]
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def enqueue(url: str, n: int, provider: str) -> float:
     return time.monotonic() - t0
 
 
-def run(n: int, provider: str, db: str) -> dict[str, Any]:
+def run(n: int, provider: str, db: str, keep_response: str = "full") -> dict[str, Any]:
     with (
         fresh_database(db) as url,
         mock_provider_process("--batch-latency", "1") as mock,
@@ -71,6 +72,7 @@ def run(n: int, provider: str, db: str) -> dict[str, Any]:
             "LEDGER_PROVIDER_BATCH_SIZE": "50000",
             "LEDGER_PROVIDER_BATCH_WAIT": "0",
             "LEDGER_BATCH_POLL_INTERVAL": "0.5",
+            "LEDGER_KEEP_RESPONSE": keep_response,
         }
         log = Path(tmp) / "daemon.log"
         t0 = time.monotonic()
@@ -113,8 +115,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--provider", choices=sorted(MODELS), default="openai")
     parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument(
+        "--keep-response", choices=["full", "derived"], default="full", help="LEDGER_KEEP_RESPONSE of the daemon"
+    )
     args = parser.parse_args()
-    print(json.dumps(run(args.requests, args.provider, args.db)))
+    print(
+        json.dumps(
+            {"keep_response": args.keep_response, **run(args.requests, args.provider, args.db, args.keep_response)}
+        )
+    )
 
 
 if __name__ == "__main__":
