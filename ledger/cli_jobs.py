@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -204,18 +203,20 @@ def reparse(
 
 def job_status(store: Any, settings: Settings) -> dict[str, Any]:
     """Active jobs with phase, progress, duration and spend; today's budget; job capacity (seed 004)."""
+    from ledger.jobs import job_duration_s
+
     now = time.time()
     active = []
     for job in store.active_jobs():
         progress = store.job_progress(job["id"])
-        started = job.get("started_at") or job.get("created_at")
+        duration = job_duration_s(job, now)
         active.append(
             {
                 "job_id": job["id"],
                 "phase": job["phase"],
                 "done": progress["done"],
                 "total": progress["total"],
-                "duration_s": round(now - _utc(started).timestamp(), 1) if started else None,
+                "duration_s": None if duration is None else round(duration, 1),
                 "spent_usd": round(progress["spent_usd"], 6),
                 "truncated": progress["truncated"],
                 # Pools paused by a spent quota that this job's queued requests wait on.
@@ -233,11 +234,6 @@ def job_status(store: Any, settings: Settings) -> dict[str, Any]:
         },
         "capacity": {"active": len(active), "limit": settings.job_capacity},
     }
-
-
-def _utc(value: datetime) -> datetime:
-    """Database times are UTC; SQLite hands them back without a zone."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def print_job_status(status: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ overspends, it waits (daily) or ends `failed` (its own budget spent).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from ledger.settings import Settings
 from ledger.spec import JobSpec
 from ledger.statuses import JobStatus
 from ledger.store import Store
+from ledger.store.dialect import as_utc
 from ledger.store.jobs import Staged, TriggerRefused
 from ledger.waits import first_done
 
@@ -79,6 +81,17 @@ def trigger(store: Store, settings: Settings, spec: JobSpec) -> Staged:
 
 def job_spec(job: dict[str, Any]) -> JobSpec:
     return JobSpec.from_json(job["spec"]["job"])
+
+
+def job_duration_s(job: dict[str, Any], now: float | None = None) -> float | None:
+    """How long a job has run (`ledger status`, the web view): from its start (or creation) to its
+    end, or to `now` while it runs; None before it has either."""
+    started = job.get("started_at") or job.get("created_at")
+    if started is None:
+        return None
+    ended = job.get("completed_at")
+    end = as_utc(ended).timestamp() if ended is not None else (time.time() if now is None else now)
+    return max(0.0, end - as_utc(started).timestamp())
 
 
 @dataclass(frozen=True)

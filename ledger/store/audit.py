@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import case, column, func, select, table
@@ -14,7 +13,7 @@ from ledger.models import BATCH_AUDIT_VIEW, LlmAttempt, LlmBatch, LlmPool, LlmRe
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import cache
 from ledger.store.commit import reading
-from ledger.store.dialect import db_now
+from ledger.store.dialect import db_now, seconds_between
 
 requests = LlmRequest.__table__  # type: ignore[attr-defined]
 attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
@@ -163,7 +162,7 @@ class AuditQueries:
             for row in conn.execute(query):
                 item = dict(row._mapping)
                 created = item.pop("created_at")
-                item["age_s"] = round(_seconds_between(created, now), 1)
+                item["age_s"] = round(seconds_between(created, now), 1)
                 found.append(item)
             return found
 
@@ -249,19 +248,6 @@ class AuditQueries:
             }
             hits = cache.hits_by_pool(conn)
         return LedgerCounts(counts, ready, learned, hits)
-
-
-def _seconds_between(earlier: Any, later: Any) -> float:
-    """Both from the database clock; SQLite hands back text, PostgreSQL datetimes."""
-    if isinstance(earlier, str):
-        earlier = datetime.fromisoformat(earlier)
-    if isinstance(later, str):
-        later = datetime.fromisoformat(later)
-    if earlier.tzinfo is None and later.tzinfo is not None:
-        later = later.replace(tzinfo=None)
-    if later.tzinfo is None and earlier.tzinfo is not None:
-        earlier = earlier.replace(tzinfo=None)
-    return max(0.0, float((later - earlier).total_seconds()))
 
 
 def _empty_pool() -> dict[str, Any]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, case, func, literal, or_, select
@@ -31,7 +31,7 @@ from ledger.models import Job, LlmAttempt, LlmBatch, LlmPool, LlmPoolCall, LlmWo
 from ledger.statuses import FINAL_STATUSES, RequestStatus
 from ledger.store.claim import requests
 from ledger.store.commit import reading
-from ledger.store.dialect import Dialect, db_now, db_now_plus, unindexed
+from ledger.store.dialect import Dialect, as_utc, db_now, db_now_plus, seconds_between, unindexed
 
 jobs = Job.__table__  # type: ignore[attr-defined]
 opinions = Opinion.__table__  # type: ignore[attr-defined]
@@ -542,16 +542,3 @@ def _top_id(conn: Connection) -> int | None:
 def _had_429(low: int, high: int) -> Any:
     a = attempts.c
     return select(a.request_id).where(a.status_code == TOO_MANY, a.request_id >= low, a.request_id < high)
-
-
-def as_utc(value: Any) -> datetime:
-    """A database time as an aware UTC datetime (SQLite hands back naive UTC, or text)."""
-    found: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return found.replace(tzinfo=UTC) if found.tzinfo is None else found.astimezone(UTC)
-
-
-def seconds_between(earlier: Any, later: Any) -> float:
-    """Both from the database clock; SQLite hands back text, PostgreSQL datetimes."""
-    from ledger.store.audit import _seconds_between
-
-    return _seconds_between(earlier, later)

@@ -49,6 +49,9 @@ from ledger.store.row_sets import SQLITE_VALUES_AT_MOST, RowSetType, as_json, sq
 
 # The portable SQL pieces (sql_pieces.py), named here too: every store module imports them from here.
 from ledger.store.sql_pieces import (
+    as_utc as as_utc,
+)
+from ledger.store.sql_pieces import (
     db_now as db_now,
 )
 from ledger.store.sql_pieces import (
@@ -68,6 +71,9 @@ from ledger.store.sql_pieces import (
 )
 from ledger.store.sql_pieces import (
     read_json_column as read_json_column,
+)
+from ledger.store.sql_pieces import (
+    seconds_between as seconds_between,
 )
 from ledger.store.sql_pieces import (
     storable as storable,

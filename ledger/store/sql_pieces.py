@@ -6,6 +6,7 @@ alike. Each compiles once per dialect; `Dialect` (dialect.py) is what runs state
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, String
@@ -163,3 +164,15 @@ def read_json_column(value: Any) -> Any:
     processing: `Dialect.run_all`). These columns always hold an object or null, never a bare
     JSON string, so text is always to parse."""
     return read_json(value) if isinstance(value, str) else value
+
+
+def as_utc(value: Any) -> datetime:
+    """A database time as an aware UTC datetime: the database's clock is UTC, and SQLite hands its
+    times back naive (or as text)."""
+    found: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return found.replace(tzinfo=UTC) if found.tzinfo is None else found.astimezone(UTC)
+
+
+def seconds_between(earlier: Any, later: Any) -> float:
+    """Seconds from one database time to another (never negative), whatever form each came in."""
+    return max(0.0, (as_utc(later) - as_utc(earlier)).total_seconds())

@@ -7,14 +7,14 @@ prints and `report --json` lists, worked out by the same function.
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from ledger.jobs import job_duration_s, job_spec
 from ledger.scores import cell_summary, cell_text, cells_of, disagree
 from ledger.web.app import Web
 from ledger.web.pages_overview import JOBS_SUMMED
@@ -77,7 +77,7 @@ def job_context(web: Web, job_id: str) -> dict[str, Any] | None:
     return {
         "job": job,
         "progress": progress,
-        "duration_s": duration(job),
+        "duration_s": job_duration_s(job),
         "errors": progress["errors"][:20],
         "error_lines": (job.get("errors") or [])[:50],
         "error_lines_total": len(job.get("errors") or []),
@@ -85,24 +85,8 @@ def job_context(web: Web, job_id: str) -> dict[str, Any] | None:
     }
 
 
-def duration(job: dict[str, Any]) -> float | None:
-    started = job.get("started_at") or job.get("created_at")
-    if started is None:
-        return None
-    ended = job.get("completed_at")
-    end = _utc(ended).timestamp() if ended is not None else time.time()
-    return max(0.0, end - _utc(started).timestamp())
-
-
-def _utc(value: Any) -> datetime:
-    found: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
-
-
 def matrix(web: Web, job: dict[str, Any]) -> dict[str, Any] | None:
     """Dimensions x agents of an evaluation job (None for requests enqueued with --job)."""
-    from ledger.jobs import job_spec
-
     if not isinstance(job.get("spec"), dict) or "job" not in job["spec"]:
         return None
     spec = job_spec(job)
