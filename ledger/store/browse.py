@@ -28,10 +28,11 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from ledger.models import Job, LlmAttempt, LlmBatch, LlmPool, LlmPoolCall, LlmWorker, Opinion
-from ledger.statuses import FINAL_STATUSES, RequestStatus
+from ledger.statuses import RequestStatus
 from ledger.store.claim import requests
 from ledger.store.commit import reading
 from ledger.store.dialect import Dialect, as_utc, db_now, db_now_plus, seconds_between, unindexed
+from ledger.store.jobs import progress_columns, progress_of
 
 jobs = Job.__table__  # type: ignore[attr-defined]
 opinions = Opinion.__table__  # type: ignore[attr-defined]
@@ -334,17 +335,7 @@ class BrowseQueries:
                         .subquery()
                     )
                 c = rows.c
-                spending = c.status.in_(list(SPENDING))
-                reserved = func.coalesce(func.sum(case((spending, c.reserved_usd))), 0.0)
-                total, done, running, cut, spent = conn.execute(
-                    select(
-                        func.count(),
-                        func.sum(case((c.status.in_(list(FINAL)), 1), else_=0)),
-                        func.sum(case((spending, 1), else_=0)),
-                        func.sum(case((c.finish_reason == "length", 1), else_=0)),
-                        func.coalesce(func.sum(c.cost_usd), 0.0) + reserved,
-                    ).where(c.job_id == job)
-                ).one()
+                progress = progress_of(conn.execute(select(*progress_columns(c)).where(c.job_id == job)).one())
                 kinds = (
                     select(c.error_code, c.last_status_code, func.count().label("n"), func.min(c.id).label("first_id"))
                     .where(c.job_id == job, unindexed(c.status) == RequestStatus.ERROR.value)
@@ -352,16 +343,8 @@ class BrowseQueries:
                     .order_by(func.count().desc())
                     .limit(50)
                 )
-                found[job] = {
-                    "total": int(total or 0),
-                    "done": int(done or 0),
-                    "open": int(total or 0) - int(done or 0),
-                    "running": int(running or 0),
-                    "truncated": int(cut or 0),
-                    "spent_usd": float(spent or 0.0),
-                    "capped": capped,
-                    "errors": [dict(r._mapping) for r in conn.execute(kinds)] if errors else [],
-                }
+                errors_by_kind = [dict(r._mapping) for r in conn.execute(kinds)] if errors else []
+                found[job] = {**progress, "capped": capped, "errors": errors_by_kind}
         return found
 
     def cell_opinions(self, job_id: str, agent: str, dimension: str) -> list[dict[str, Any]]:
@@ -522,10 +505,6 @@ class BrowseQueries:
         """Pools with state of their own (every pool that ever had a call) for the filter form."""
         with reading(self.engine) as conn:
             return [str(e) for e in conn.execute(select(pools.c.endpoint).order_by(pools.c.endpoint)).scalars()]
-
-
-FINAL = frozenset(status.value for status in FINAL_STATUSES)
-SPENDING = frozenset((RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value))
 
 
 def _capped_count(conn: Connection, *where: ColumnElement[bool]) -> Count:

@@ -25,7 +25,7 @@ from ledger.models import Job, Opinion
 from ledger.statuses import FINAL_STATUSES, JobStatus, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.cache import CachePolicy, Hit
-from ledger.store.claim import job_spent, requests, spent_today, workers
+from ledger.store.claim import requests, spent_today, workers
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus
 from ledger.store.queue import EnqueueResult
@@ -172,25 +172,11 @@ class JobQueries:
             return dict(row._mapping) if row is not None else None
 
     def job_progress(self, job_id: str) -> dict[str, Any]:
-        """Requests done/total, open, running (in flight online or in a provider batch), and spend so far."""
+        """Requests done/total, open, running (in flight online or in a provider batch), cut off at
+        max_tokens, and spend so far: the job's every request."""
         c = requests.c
-        done = func.sum(case((c.status.in_(FINAL_STATUSES), 1), else_=0))
-        spending = (RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value)  # online, or in a provider batch
-        running = func.sum(case((c.status.in_(spending), 1), else_=0))
-        # Answers cut off at their max_tokens (finish_reason `length`): a user raises max_tokens.
-        truncated = func.sum(case((c.finish_reason == "length", 1), else_=0))
         with reading(self.engine) as conn:
-            row = conn.execute(select(func.count(), done, running, truncated).where(c.job_id == job_id)).one()
-            spent = job_spent(conn, job_id)
-        total, finished, in_flight, cut = (int(x or 0) for x in row)
-        return {
-            "total": total,
-            "done": finished,
-            "open": total - finished,
-            "running": in_flight,
-            "spent_usd": spent,
-            "truncated": cut,
-        }
+            return progress_of(conn.execute(select(*progress_columns(c)).where(c.job_id == job_id)).one())
 
     def job_paused_pools(self, job_id: str) -> list[dict[str, Any]]:
         """The paused pools (a spent quota) this job's queued requests wait on."""
@@ -386,3 +372,36 @@ class JobQueries:
 def _still_running(conn: Connection, job_id: str) -> bool:
     status = conn.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar_one_or_none()
     return status == RUNNING_JOB
+
+
+# Statuses of requests whose call may be spending (their reservation counts): online in flight, or
+# inside a provider batch.
+SPENDING_STATUSES = (RequestStatus.RUNNING.value, RequestStatus.SUBMITTED.value)
+
+
+def progress_columns(c: Any) -> tuple[Any, ...]:
+    """A job's progress over rows `c` (the requests table's columns, or those of a slice of it):
+    how many, finished, in flight, cut off at max_tokens (finish_reason `length`: a user raises
+    max_tokens), and spend (costs plus what calls in flight reserve, as budgets count it). One
+    definition for `job_progress` and the web view's bounded `job_summary`."""
+    spending = c.status.in_(SPENDING_STATUSES)
+    return (
+        func.count(),
+        func.sum(case((c.status.in_([s.value for s in FINAL_STATUSES]), 1), else_=0)),
+        func.sum(case((spending, 1), else_=0)),
+        func.sum(case((c.finish_reason == "length", 1), else_=0)),
+        func.coalesce(func.sum(c.cost_usd), 0.0) + func.coalesce(func.sum(case((spending, c.reserved_usd))), 0.0),
+    )
+
+
+def progress_of(row: Any) -> dict[str, Any]:
+    """`progress_columns`' row as the progress a job reports."""
+    total, done, running, cut, spent = row
+    return {
+        "total": int(total or 0),
+        "done": int(done or 0),
+        "open": int(total or 0) - int(done or 0),
+        "running": int(running or 0),
+        "spent_usd": float(spent or 0.0),
+        "truncated": int(cut or 0),
+    }
