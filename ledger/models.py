@@ -163,8 +163,8 @@ class LlmRequest(SQLModel, table=True):
         _check("delivery", Delivery),
         UniqueConstraint("idempotency_key", name="uq_llm_requests_idempotency_key"),
         Index("ix_llm_requests_inflight", "status", "endpoint"),
-        Index("ix_llm_requests_job", "job_id", "created_at"),
-        # A job's requests newest first, a page at a time (the web view; migration 0013).
+        # A job's requests, in id order (a job's queries, and the web view's pages of them; migration
+        # 0013, which dropped the (job_id, created_at) index no query ordered by).
         Index("ix_llm_requests_job_id", "job_id", "id"),
         Index("ix_llm_requests_created", "created_at"),
         # Only where set (decision 75): an online row never has a batch id, and has a completion
