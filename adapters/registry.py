@@ -34,10 +34,8 @@ def make_adapter(provider: str, settings: Settings) -> Adapter:
     if provider == "azure":
         from adapters.azure import AzureAdapter
 
-        if not settings.azure_endpoint:
-            raise ValueError("AZURE_OPENAI_ENDPOINT must be set for provider 'azure'")
         return AzureAdapter(
-            endpoint=settings.azure_endpoint, api_key=settings.azure_api_key, api_version=settings.azure_api_version
+            endpoint=azure_endpoint(settings), api_key=settings.azure_api_key, api_version=settings.azure_api_version
         )
     if provider == "gemini":
         from adapters.gemini import GeminiAdapter
@@ -69,10 +67,8 @@ def make_batch_adapter(provider: str, settings: Settings) -> BatchAdapter:
     if provider == "azure":
         from adapters.azure_batches import AzureBatches
 
-        if not settings.azure_endpoint:
-            raise ValueError("AZURE_OPENAI_ENDPOINT must be set for provider 'azure'")
         return AzureBatches(
-            endpoint=settings.azure_endpoint, api_key=settings.azure_api_key, api_version=settings.azure_api_version
+            endpoint=azure_endpoint(settings), api_key=settings.azure_api_key, api_version=settings.azure_api_version
         )
     if provider == "gemini":
         from adapters.gemini_batches import GeminiBatches
@@ -84,3 +80,10 @@ def make_batch_adapter(provider: str, settings: Settings) -> BatchAdapter:
 def gemini_key(settings: Settings) -> str | None:
     """The Gemini API key by the SDK's convention: GOOGLE_API_KEY over GEMINI_API_KEY."""
     return settings.google_api_key or settings.gemini_api_key
+
+
+def azure_endpoint(settings: Settings) -> str:
+    """AZURE_OPENAI_ENDPOINT, which provider `azure` cannot do without."""
+    if not settings.azure_endpoint:
+        raise ValueError("AZURE_OPENAI_ENDPOINT must be set for provider 'azure'")
+    return settings.azure_endpoint

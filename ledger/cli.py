@@ -548,15 +548,12 @@ def web(
 ) -> None:
     """Serve the live web view of the ledger: jobs and their score matrix, requests with every attempt, pools,
     batches, spend. Its first line on stdout is `ledger web: http://HOST:PORT/`."""
-    import os
-
     from ledger.web.server import WebRefused, serve
 
     settings = settings_or_exit()
-    token = os.environ.get("LEDGER_WEB_TOKEN") or None
     try:
         with operator_errors():
-            serve(settings, host=host, port=port, allow_actions=allow_actions, token=token)
+            serve(settings, host=host, port=port, allow_actions=allow_actions, token=settings.web_token or None)
     except WebRefused as exc:
         err.print(str(exc), highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(2) from None

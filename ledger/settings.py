@@ -118,6 +118,8 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(default=None, alias="LEDGER_METRICS_PORT", ge=0, le=65535)
     metrics_host: str = Field(default="127.0.0.1", alias="LEDGER_METRICS_HOST")
     metrics_interval: float = Field(default=5.0, alias="LEDGER_METRICS_INTERVAL", gt=0)
+    # `ledger web`: the token every request must carry (required to bind other than loopback).
+    web_token: str | None = Field(default=None, alias="LEDGER_WEB_TOKEN", repr=False)
 
     # Provider SDK conventions; read here only to hand them to the adapters.
     openai_api_key: str | None = Field(default=None, alias="OPENAI_API_KEY", repr=False)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ledger.web.app import Web, plain
+from ledger.web.app import Web, plain, segment
 from ledger.web.security import host_name
 
 READ_ONLY = "read-only: start `ledger web --allow-actions` to cancel jobs and batches or resume pools\n"
@@ -29,8 +30,6 @@ def routes(web: Web) -> list[BaseRoute]:
             given = form.get("csrf")
             if not web.guard.csrf_ok(given if isinstance(given, str) else None):
                 return plain("missing or wrong CSRF token: reload the page and try again\n", 403)
-            from starlette.concurrency import run_in_threadpool
-
             back = await run_in_threadpool(act, request)
             return RedirectResponse(back, status_code=303)
 
@@ -44,7 +43,7 @@ def routes(web: Web) -> list[BaseRoute]:
             web.store.cancel_job(job_id)
             web.store.cancel(job_id=job_id)
             cancel_batches(web.store, web.settings, job_id=job_id)
-        return f"/jobs/{_quote(job_id)}"
+        return f"/jobs/{segment(job_id)}"
 
     def cancel_batch(request: Request) -> str:
         from ledger.batches import cancel_batches
@@ -63,9 +62,3 @@ def routes(web: Web) -> list[BaseRoute]:
         Route("/batches/{batch_id:int}/cancel", guarded(cancel_batch), methods=["POST"]),
         Route("/pools/{pool:path}/resume", guarded(resume_pool), methods=["POST"]),
     ]
-
-
-def _quote(text: str) -> str:
-    from urllib.parse import quote
-
-    return quote(text, safe="")

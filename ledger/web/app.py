@@ -14,14 +14,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import anyio
 import jinja2
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -29,7 +29,7 @@ from ledger.settings import Settings
 from ledger.store import Store
 from ledger.store.browse import Count
 from ledger.web.live import Live
-from ledger.web.security import Guard, GuardMiddleware
+from ledger.web.security import COOKIE, Guard, GuardMiddleware, safe_next
 from ledger.web.spend import SpendHours
 
 # Keys whose values a page never shows (a header or a parameter a stage may have passed along):
@@ -128,9 +128,6 @@ def create_app(store: Store, settings: Settings, config: WebConfig | None = None
 def login_routes(web: Web) -> Any:
     """GET: the form; POST: the token checked, then the login cookie (HttpOnly, SameSite=Strict: a
     browser's event stream cannot send an Authorization header, a cookie it sends)."""
-    from starlette.responses import RedirectResponse
-
-    from ledger.web.security import COOKIE, safe_next
 
     async def login(request: Request) -> Response:
         if request.method == "GET":
@@ -161,8 +158,6 @@ def url(path: str, **params: Any) -> str:
 
 def segment(value: Any) -> str:
     """A value as one URL path segment (a job id with a slash stays one segment)."""
-    from urllib.parse import quote
-
     return quote(str(value), safe="")
 
 
