@@ -158,7 +158,7 @@ class BatchStore:
         if parts[:2] == ["v1", "files"] and len(parts) >= 3 and parts[2] in self.files:
             stored = self.files[parts[2]]
             if len(parts) == 4 and parts[3] == "content":
-                return self._download(stored.id, stored.content, "application/octet-stream")
+                return self.download(stored.id, stored.content, "application/octet-stream")
             return json_reply(200, stored.describe())
         if method == "POST" and path == "/v1/batches":
             return self._openai_create(json.loads(body), azure=azure)
@@ -166,7 +166,7 @@ class BatchStore:
             return json_reply(200, self._list("openai", args.get("after"), int(args.get("limit", 20)), host))
         if parts[:2] == ["v1", "batches"] and len(parts) >= 3 and parts[2] in self.batches:
             batch = self.batches[parts[2]]
-            if method == "POST" and parts[-1] == "cancel" and not self._cancel(batch):
+            if method == "POST" and parts[-1] == "cancel" and not self.cancel(batch):
                 return error_reply("openai", 400, "invalid_request_error", "the batch has ended: no cancel")
             return json_reply(200, self._openai_view(batch))
         if method == "POST" and path == "/v1/messages/batches":
@@ -175,18 +175,18 @@ class BatchStore:
             return json_reply(200, self._list("anthropic", args.get("after_id"), int(args.get("limit", 20)), host))
         if parts[:3] == ["v1", "messages", "batches"] and len(parts) >= 4 and parts[3] in self.batches:
             batch = self.batches[parts[3]]
-            if method == "POST" and parts[-1] == "cancel" and not self._cancel(batch):
+            if method == "POST" and parts[-1] == "cancel" and not self.cancel(batch):
                 return error_reply("anthropic", 400, "invalid_request_error", "the batch has ended: no cancel")
             if parts[-1] == "results":
-                if not self._ended(batch):
+                if not self.ended(batch):
                     return error_reply("anthropic", 400, "invalid_request_error", "batch has not ended")
-                self._finish(batch)
-                assert batch.output_file_id is not None  # `_finish` wrote it
-                return self._download(batch.id, self.files[batch.output_file_id].content, "application/x-jsonl")
+                self.finish(batch)
+                assert batch.output_file_id is not None  # `finish` wrote it
+                return self.download(batch.id, self.files[batch.output_file_id].content, "application/x-jsonl")
             return json_reply(200, self._anthropic_view(batch, host))
         return None
 
-    def _download(self, name: str, content: bytes, content_type: str) -> Reply:
+    def download(self, name: str, content: bytes, content_type: str) -> Reply:
         """A file or results download; with `batch_results_stall`, its first download pauses half-way."""
         stall = self.config.batch_results_stall
         first = name not in self.downloaded
@@ -219,7 +219,7 @@ class BatchStore:
 
     # -- creating --------------------------------------------------------------
 
-    def _plan(self, kind: str, requests: list[dict[str, Any]], **extra: Any) -> tuple[Batch, float]:
+    def plan(self, kind: str, requests: list[dict[str, Any]], **extra: Any) -> tuple[Batch, float]:
         """A new batch with every line's fate decided now; and how long its create call stalls."""
         prefix = {"openai": "batch_", "anthropic": "msgbatch_", "gemini": "batches/"}[kind]
         batch = Batch(f"{prefix}{uuid.uuid4().hex[:24]}", kind, [], **extra)
@@ -252,14 +252,14 @@ class BatchStore:
                 line.unfinished = True
         return batch, stall
 
-    def _accept(self, batch: Batch) -> None:
+    def accept(self, batch: Batch) -> None:
         self.batches[batch.id] = batch
         self.creates[batch.kind] += 1
 
     def _openai_create(self, payload: dict[str, Any], azure: bool = False) -> Reply:
         source = self.files[payload["input_file_id"]]
         requests = [json.loads(line) for line in source.content.decode().splitlines() if line.strip()]
-        batch, stall = self._plan(
+        batch, stall = self.plan(
             "openai",
             requests,
             endpoint=payload.get("endpoint", "/v1/chat/completions"),
@@ -267,19 +267,19 @@ class BatchStore:
             metadata=payload.get("metadata"),
             azure=azure,
         )
-        self._accept(batch)
+        self.accept(batch)
         reply = json_reply(200, self._openai_view(batch))
         reply.delay = stall
         return reply
 
     def _anthropic_create(self, requests: list[dict[str, Any]], host: str) -> Reply:
-        batch, stall = self._plan("anthropic", requests)
+        batch, stall = self.plan("anthropic", requests)
         if batch.invalid_lines:  # Anthropic validates the whole request body up front
             first = sorted(batch.invalid_lines)[0]
             return error_reply(
                 "anthropic", 400, "invalid_request_error", f"requests.{first}.params: invalid request (injected)"
             )
-        self._accept(batch)
+        self.accept(batch)
         reply = json_reply(200, self._anthropic_view(batch, host))
         reply.delay = stall
         return reply
@@ -289,7 +289,7 @@ class BatchStore:
     def _elapsed(self, batch: Batch) -> float:
         return time.time() - batch.created
 
-    def _ended(self, batch: Batch) -> bool:
+    def ended(self, batch: Batch) -> bool:
         finalize = self.config.batch_finalize_seconds
         if batch.invalid_lines:
             return True
@@ -297,18 +297,18 @@ class BatchStore:
             return time.time() - batch.canceled_at >= finalize
         return self._elapsed(batch) >= self.config.batch_latency + finalize
 
-    def _cancel(self, batch: Batch) -> bool:
+    def cancel(self, batch: Batch) -> bool:
         """Cancel `batch` (again, or once it has ended: nothing changes); False when refused."""
-        if self._ended(batch) and self.config.batch_cancel_ended_refused:
+        if self.ended(batch) and self.config.batch_cancel_ended_refused:
             return False
-        if batch.canceled_at is not None or self._ended(batch):
+        if batch.canceled_at is not None or self.ended(batch):
             return True
         batch.canceled_at = time.time()
         latency = self.config.batch_latency
         batch.finished_share = min(1.0, self._elapsed(batch) / latency) if latency > 0 else 1.0
         return True
 
-    def _finish(self, batch: Batch) -> None:
+    def finish(self, batch: Batch) -> None:
         """Answer every request of an ended batch once (the same answers as online calls)."""
         if batch.results is not None:
             return
@@ -397,7 +397,7 @@ class BatchStore:
     def _openai_status(self, batch: Batch) -> str:
         if batch.invalid_lines:
             return "failed"
-        ended = self._ended(batch)
+        ended = self.ended(batch)
         if batch.canceled_at is not None:
             return "cancelled" if ended else "cancelling"
         if ended:
@@ -409,7 +409,7 @@ class BatchStore:
         status = self._openai_status(batch)
         ended = status in ("completed", "expired", "cancelled")
         if ended:
-            self._finish(batch)
+            self.finish(batch)
         results = [r for r in batch.results or [] if r]
         failed = sum(1 for r in results if r.get("error") or r["response"]["status_code"] != 200)
         created = int(batch.created)
@@ -449,9 +449,9 @@ class BatchStore:
         }
 
     def _anthropic_view(self, batch: Batch, host: str) -> dict[str, Any]:
-        ended = self._ended(batch)
+        ended = self.ended(batch)
         if ended:
-            self._finish(batch)
+            self.finish(batch)
         results = batch.results or []
         count = {
             kind: sum(1 for r in results if r["result"]["type"] == kind)

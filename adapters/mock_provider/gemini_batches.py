@@ -53,7 +53,7 @@ class GeminiBatchRoutes:
             if batch is None or batch.kind != "gemini":
                 return error_reply("gemini", 404, "not_found", f"batch {batch_id} not found")
             if method == "POST" and verb == "cancel":
-                self.store._cancel(batch)
+                self.store.cancel(batch)
                 return json_reply(200, {})
             return json_reply(200, self.view(batch))
         return None
@@ -88,7 +88,7 @@ class GeminiBatchRoutes:
             self.store.deleted.add(file_id)
             return json_reply(200, {})
         if verb == "download":
-            return self.store._download(file_id, stored.content, "application/octet-stream")
+            return self.store.download(file_id, stored.content, "application/octet-stream")
         return json_reply(200, describe(stored, host))
 
     # -- batches -------------------------------------------------------------------
@@ -103,10 +103,10 @@ class GeminiBatchRoutes:
             if line.strip():
                 entry = json.loads(line)
                 requests.append({"custom_id": entry.get("key"), "params": gemini_wire.as_chat(entry["request"], model)})
-        batch, stall = self.store._plan(
+        batch, stall = self.store.plan(
             "gemini", requests, input_file_id=name, metadata={"displayName": asked.get("displayName"), "model": model}
         )
-        self.store._accept(batch)
+        self.store.accept(batch)
         reply = json_reply(200, self.view(batch))
         reply.delay = stall
         return reply
@@ -123,7 +123,7 @@ class GeminiBatchRoutes:
         return json_reply(200, listed)
 
     def state(self, batch: Batch) -> str:
-        if not self.store._ended(batch):
+        if not self.store.ended(batch):
             return "BATCH_STATE_RUNNING"
         if batch.canceled_at is not None:
             return "BATCH_STATE_CANCELLED"
@@ -149,7 +149,7 @@ class GeminiBatchRoutes:
         total = len(batch.lines)
         if ended:
             if state != "BATCH_STATE_FAILED":
-                self.store._finish(batch)
+                self.store.finish(batch)
                 metadata["output"] = {"responsesFile": f"files/{batch.output_file_id}"}
             answered = [r for r in batch.results or [] if r]
             failed = sum(1 for r in answered if "error" in r)
