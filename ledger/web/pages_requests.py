@@ -13,13 +13,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from adapters.base import FINISH_REASONS
 from ledger.statuses import Delivery, RequestStatus
 from ledger.store.browse import ROW_COLUMNS, RequestFilter
 from ledger.web.app import Web, int_param, redact
 
 TEXT_FILTERS = ("status", "job", "pool", "provider", "model", "delivery", "finish_reason", "q")
 FLAG_FILTERS = ("parse_error", "had_429")
-FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "refusal", "other")
 # The columns of the CSV export: a request list's, and when it ended (the JSONL export has every
 # column but the input and the body).
 CSV_COLUMNS = (*ROW_COLUMNS, "completed_at")
