@@ -146,7 +146,9 @@ async def _run(
     # claim lock held) is ended by the server within a quarter lease (at least 1 s), so the
     # other daemons go on.
     idle_bound = max(settings.lease_seconds / 4, 1.0)
-    store = Store(settings.database_url, ping_on_checkout=False, idle_in_transaction_s=idle_bound)
+    store = Store(
+        settings.database_url, ping_on_checkout=False, idle_in_transaction_s=idle_bound, background_checkpoints=True
+    )
     store.pool_probe_seconds = settings.pool_probe_seconds
     store.pool_rules = settings.pool_rules
     try:

@@ -34,12 +34,25 @@ class Store(
     engine: Engine
     dialect: Dialect
 
-    def __init__(self, url: str, *, ping_on_checkout: bool = True, idle_in_transaction_s: float | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        ping_on_checkout: bool = True,
+        idle_in_transaction_s: float | None = None,
+        background_checkpoints: bool = False,
+    ) -> None:
+        """`background_checkpoints` (the daemon's): SQLite's WAL is copied back into the database
+        file by a thread of the store's, not inside the commits (`checkpoints.py`)."""
         self.url = url
         self.job_caps = {}
         self.engine, self.dialect = open_engine(
-            url, ping_on_checkout=ping_on_checkout, idle_in_transaction_s=idle_in_transaction_s
+            url,
+            ping_on_checkout=ping_on_checkout,
+            idle_in_transaction_s=idle_in_transaction_s,
+            background_checkpoints=background_checkpoints,
         )
+        self._checkpoints = self.dialect.checkpoints(self.engine) if background_checkpoints else None
 
     def has_work(self) -> bool:
         """Anything left for a daemon: online requests queued or in flight, provider batch work,
@@ -52,4 +65,6 @@ class Store(
         return any_row(self.engine, OPEN_BATCHES, ACTIVE_JOBS, REQUESTS_LEFT)
 
     def close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.stop()
         self.engine.dispose()

@@ -95,7 +95,11 @@ LIBPQ_DEAD_HOST_LIMITS = {
 
 
 def make_engine(
-    url: str, *, ping_on_checkout: bool = True, idle_in_transaction_s: float | None = None
+    url: str,
+    *,
+    ping_on_checkout: bool = True,
+    idle_in_transaction_s: float | None = None,
+    background_checkpoints: bool = False,
 ) -> tuple[Engine, Dialect]:
     """`ping_on_checkout` tests a pooled PostgreSQL connection before each use, so a long-lived
     process (a stage holding a `Ledger`) survives a server restart unnoticed. The daemon turns
@@ -113,7 +117,7 @@ def make_engine(
         if parsed.get_driver_name() == "psycopg":
             kwargs["connect_args"] = {k: v for k, v in LIBPQ_DEAD_HOST_LIMITS.items() if k not in parsed.query}
     engine = create_engine(normalized, json_deserializer=read_json, **kwargs)
-    return engine, configure_engine(engine, idle_in_transaction_s)
+    return engine, configure_engine(engine, idle_in_transaction_s, background_checkpoints)
 
 
 def _make_parent(database: Path) -> None:
@@ -171,9 +175,18 @@ def upgrade(engine: Engine) -> bool:
 
 
 def open_engine(
-    url: str, *, ping_on_checkout: bool = True, idle_in_transaction_s: float | None = None
+    url: str,
+    *,
+    ping_on_checkout: bool = True,
+    idle_in_transaction_s: float | None = None,
+    background_checkpoints: bool = False,
 ) -> tuple[Engine, Dialect]:
     """An engine on an up-to-date schema."""
-    engine, dialect = make_engine(url, ping_on_checkout=ping_on_checkout, idle_in_transaction_s=idle_in_transaction_s)
+    engine, dialect = make_engine(
+        url,
+        ping_on_checkout=ping_on_checkout,
+        idle_in_transaction_s=idle_in_transaction_s,
+        background_checkpoints=background_checkpoints,
+    )
     upgrade(engine)
     return engine, dialect

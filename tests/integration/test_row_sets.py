@@ -10,7 +10,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import BigInteger, Float, Integer, Text, bindparam, column, event, select
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    bindparam,
+    column,
+    event,
+    select,
+    update,
+)
 
 from ledger.store import Store
 from ledger.store.commit import transaction
@@ -32,6 +45,24 @@ _ROWS: list[dict[str, Any]] = [
     {"id": 3, "text": "non-ASCII: été, 日本, 🙂", "n": 0},  # x left out: NULL
     {"id": 4, "text": None, "n": 2**31 - 1, "x": 1e-9},
 ]
+
+
+# A table of the test's own, written from a set whose rows each reach one row of it.
+_TABLE = Table(
+    "t_pieces",
+    MetaData(),
+    Column("id", BigInteger, primary_key=True),
+    Column("text", Text),
+    Column("n", Integer),
+    Column("x", Float),
+)
+_t = _TABLE.c
+_WRITE = (
+    update(_TABLE)
+    .where(_t.id == _SET.c.id, _t.n.is_(None))
+    .values(text=_SET.c.text, n=_SET.c.n, x=_SET.c.x)
+    .returning(_t.id, _t.text)
+)
 
 
 def _read(store: Store, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -98,3 +129,28 @@ def test_sqlite_writes_a_group_commit_past_its_bound_value_limit_row_by_row_as_r
             row = store.get_request(r.id)
             assert row is not None and row["status"] == "completed"
             assert (row["raw_output"], row["input_tokens"], row["output_tokens"]) == (f"answer {r.id}", r.id, 2 * r.id)
+
+
+def test_a_set_of_thousands_of_rows_each_acting_alone_writes_as_one_statement_would(db_url: str) -> None:
+    """A chunk of batch results (thousands of rows, some columns empty in every row) written with
+    `execute_by_rows`: SQLite runs it in VALUES pieces within its limit on bound values, PostgreSQL
+    as one statement; either way every row lands, rowcount and RETURNING cover the whole set, and
+    a row the statement's own condition excludes is left alone."""
+    with daemon_store(db_url) as store:
+        ran = _lower_sqlite_value_limit(store, 999) if store.dialect.name == "sqlite" else []
+        _TABLE.create(store.engine)
+        with transaction(store.engine, store.dialect) as conn:
+            conn.execute(_TABLE.insert(), [{"id": i, "n": 1 if i == 7 else None} for i in range(2500)])
+        rows = [{"id": i, "text": f"answer {i} ✓", "n": i * 3 if i % 2 else None} for i in range(2500)]  # x: never
+        with transaction(store.engine, store.dialect) as conn:
+            wrote = store.dialect.execute_by_rows(conn, _WRITE, _SET.bind(rows))
+        assert wrote.rowcount == 2499  # row 7 had an `n`: not written
+        assert sorted(wrote.rows) == [(i, f"answer {i} ✓") for i in range(2500) if i != 7]
+        with transaction(store.engine, store.dialect) as conn:
+            found = {row.id: tuple(row)[1:] for row in conn.execute(select(_TABLE))}
+        assert found[7] == (None, 1, None)
+        assert all(found[i] == (f"answer {i} ✓", i * 3 if i % 2 else None, None) for i in range(2500) if i != 7)
+        if store.dialect.name == "sqlite":
+            pieces = [sql for sql in ran if sql.startswith("UPDATE t_pieces")]
+            assert len(pieces) > 1 and all("FROM (VALUES (" in sql for sql in pieces)
+            assert all("NULL AS x" in sql for sql in pieces)  # empty in every row: not bound
