@@ -203,19 +203,25 @@ _Shape = tuple[tuple[str, ...], tuple[str, ...], int]
 
 
 def pieces(row_set: RowSet, fit: int) -> Iterator[RowSet]:
-    """A set in pieces of at most `fit` rows (SQLite: the rows one VALUES statement can bind):
-    `fit` rows each, then what is left in powers of two, so that sets of every size need at most
-    a dozen statement shapes, each prepared once and kept by the driver. A set that fits (an
-    empty one too) is one piece, itself."""
+    """A set in pieces of at most `fit` rows (SQLite: the rows one VALUES statement can bind), in
+    as few statements as that allows, and in sizes that stay few whatever the set's size (each a
+    statement the driver prepares once and keeps): multiples of `PIECE_STEP` rows, then the rest
+    (fewer than that) in one piece. A set that fits (an empty one too) is one piece, itself."""
     rows, at = row_set.rows, 0
     if len(rows) <= fit:
         yield row_set
         return
+    most = max(fit // PIECE_STEP * PIECE_STEP, min(fit, PIECE_STEP))
     while at < len(rows):
         left = len(rows) - at
-        size = fit if left >= fit else 1 << (left.bit_length() - 1)
+        whole_steps = left // PIECE_STEP * PIECE_STEP
+        size = min(most, whole_steps or left)
         yield RowSet(row_set.columns, rows[at : at + size])
         at += size
+
+
+# Rows a piece of a large set comes in multiples of (`pieces`).
+PIECE_STEP = 128
 
 
 # Kept per shape: a daemon's groups come in a few sizes, up to its slot limit.

@@ -3,7 +3,7 @@ columns no row has a value in written as NULL rather than bound row after row.""
 
 from __future__ import annotations
 
-from ledger.store.row_sets import RowSet, pieces, sqlite_statement
+from ledger.store.row_sets import PIECE_STEP, RowSet, pieces, sqlite_statement
 
 _COLUMNS = ("id", "text", "n")
 
@@ -19,17 +19,17 @@ def test_a_set_that_fits_is_one_piece_itself() -> None:
     assert list(pieces(empty, 40)) == [empty]
 
 
-def test_a_larger_set_goes_in_full_pieces_then_powers_of_two_every_row_once_in_order() -> None:
-    """The sizes a set can come in stay few (each a statement the driver prepares and keeps)."""
-    for n in (41, 100, 333, 5000):
-        parts = list(pieces(_set(n), 40))
+def test_a_larger_set_goes_in_few_pieces_of_few_sizes_every_row_once_in_order() -> None:
+    """Pieces of whole steps of rows up to the fit, then the rest in one: few statements, and
+    the sizes a set can come in stay few (each a statement the driver prepares and keeps)."""
+    for n, fit in ((5000, 800), (5000, 3276), (1000, 300), (129, 128), (50, 20)):
+        parts = list(pieces(_set(n), fit))
         sizes = [len(p.rows) for p in parts]
-        full = n // 40
-        assert sizes[:full] == [40] * full
-        assert all(s & (s - 1) == 0 and s < 40 for s in sizes[full:])  # powers of two, descending
-        assert sizes[full:] == sorted(sizes[full:], reverse=True)
+        assert max(sizes) <= fit and len(parts) <= n // fit + 2
+        assert all(s % PIECE_STEP == 0 for s in sizes[:-1]) or fit < PIECE_STEP
         assert [row["id"] for p in parts for row in p.rows] == list(range(n))
         assert all(p.columns == _COLUMNS for p in parts)
+    assert [len(p.rows) for p in pieces(_set(5000), 800)] == [768] * 6 + [384, 8]
 
 
 def test_a_column_empty_in_every_row_is_null_in_the_statement_not_bound() -> None:
