@@ -30,8 +30,13 @@ LOG = logging.getLogger("ledger.store")
 # The WAL's pages at which a commit of the daemon's checkpoints itself: ~40 MB of 4 KiB pages.
 WAL_BACKSTOP_PAGES = 10_000
 # Least time between two checkpoints, however often the daemon commits (a group commit every few
-# milliseconds under load): the copy waits for nothing, the thread wakes at most 20 times a second.
-PAUSE_SECONDS = 0.05
+# milliseconds under load). While the WAL fills fast (a provider batch's results: thousands of
+# pages a commit) the next follows at once; while it fills slowly (online calls: a few pages a
+# commit) a checkpoint a second copies what came, as SQLite's default would at its 1,000 pages,
+# not a few pages and two syncs of the disk twenty times a second.
+BUSY_PAUSE_SECONDS = 0.05
+CALM_PAUSE_SECONDS = 1.0
+BUSY_PAGES = 1000
 THREAD_NAME = "ledger-wal-checkpoints"
 
 
@@ -58,11 +63,12 @@ class WalCheckpoints:
                 if self._stopping.is_set():
                     return
                 self._due.clear()
-                try:
-                    driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                pages = 0
+                try:  # (busy, pages in the WAL, pages copied back)
+                    _, pages, _ = driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 except sqlite3.Error as exc:  # the backstop checkpoints meanwhile; say so, go on
                     LOG.warning("background WAL checkpoint failed: %s", exc)
-                if self._stopping.wait(PAUSE_SECONDS):
+                if self._stopping.wait(BUSY_PAUSE_SECONDS if pages >= BUSY_PAGES else CALM_PAUSE_SECONDS):
                     return
         finally:
             raw.close()
