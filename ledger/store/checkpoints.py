@@ -55,7 +55,11 @@ class WalCheckpoints:
         self._due.set()
 
     def _run(self) -> None:
-        raw = self._engine.raw_connection()
+        try:
+            raw = self._engine.raw_connection()
+        except Exception as exc:  # the backstop checkpoints instead; say so
+            LOG.warning("no background WAL checkpoints: %s", exc)
+            return
         driver: Any = raw.driver_connection  # autocommit (`configure_engine`): outside any transaction
         try:
             while True:
@@ -75,6 +79,8 @@ class WalCheckpoints:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ends the thread (a checkpoint under way is finished first: it is SQLite's to stop)."""
+        if self._stopping.is_set():
+            return
         event.remove(self._engine, "commit", self._committed)
         self._stopping.set()
         self._due.set()

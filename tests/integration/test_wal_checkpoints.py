@@ -59,3 +59,12 @@ def test_the_thread_lives_as_long_as_the_daemons_store_and_not_on_postgresql(db_
     with daemon_store(db_url) as store:
         assert _checkpoint_threads() == before + (1 if store.dialect.name == "sqlite" else 0)
     assert _checkpoint_threads() == before
+
+
+def test_closing_the_daemons_store_twice_is_harmless(sqlite_url: str) -> None:
+    """The daemon closes its store on every way out; a second close finds nothing left to stop."""
+    before = _checkpoint_threads()
+    store = Store(sqlite_url, ping_on_checkout=False, background_checkpoints=True)
+    store.close()
+    store.close()
+    assert _checkpoint_threads() == before
