@@ -1,4 +1,4 @@
-"""A three-stage pipeline on the ledger, in the shape of seed 003: evidence -> rubric (+ critic) -> score.
+"""A three-stage pipeline on the ledger: evidence -> rubric (+ critic) -> score.
 
     python examples/pipeline/run.py
 

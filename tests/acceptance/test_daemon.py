@@ -255,7 +255,7 @@ def test_no_api_key_reaches_the_database_or_the_logs(sqlite_url: str, tmp_path: 
         assert secret.encode() not in path.read_bytes(), path
 
 
-@pytest.mark.timing  # how many 429s a limit is learned in: run alone (README)
+@pytest.mark.timing  # how many 429s a limit is learned in: run alone (see the test command)
 def test_a_pool_configured_above_what_the_provider_serves_learns_its_limit(sqlite_url: str, tmp_path: Path) -> None:
     """Limit 8 against a provider that serves 3: one storm of 429s, then no more hammering."""
     log = tmp_path / "daemon.log"

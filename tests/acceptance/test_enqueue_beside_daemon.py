@@ -30,7 +30,7 @@ from tests.acceptance.procs import (
     write_requests,
 )
 
-# Rates and windows that real processes keep: run alone, after the parallel part (README).
+# Rates and windows that real processes keep: run alone, after the parallel part (the test command).
 pytestmark = pytest.mark.timing
 
 LINES = 300_000

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from ledger.store import Store
 from tests.acceptance.procs import enqueue, ledger_env, mock_provider, start_daemon
 
-# Rates and windows that real processes keep: run alone, after the parallel part (README).
+# Rates and windows that real processes keep: run alone, after the parallel part (the test command).
 pytestmark = pytest.mark.timing
 
 POOL = "openai:gpt-4o-mini"

@@ -61,7 +61,7 @@ def test_the_matrix_is_the_report_and_a_cell_reaches_its_attempts(page: Any, led
         assert page.dialogs == []
 
 
-@pytest.mark.timing  # progress seen between 0 and done, at the daemon's pace: run alone (README)
+@pytest.mark.timing  # progress seen between 0 and done, at the daemon's pace: run alone (see the test command)
 def test_the_job_page_follows_a_daemon_without_a_reload(page: Any, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     store = Store(url)

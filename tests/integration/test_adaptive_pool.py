@@ -147,7 +147,7 @@ def test_a_learned_limit_stands_for_the_probe_interval_however_many_successes(st
     assert learned(store) == 1
 
 
-@pytest.mark.timing  # how many 429s a limit is learned in: run alone (README)
+@pytest.mark.timing  # how many 429s a limit is learned in: run alone (see the test command)
 @pytest.mark.parametrize("cap", [4])
 def test_a_daemon_learns_the_providers_concurrency_from_its_first_429s(db_url: str, cap: int) -> None:
     """Limit 12 against a provider serving 4: slow start stops at the first refusal, the limit is

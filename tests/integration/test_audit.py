@@ -1,4 +1,4 @@
-"""Audit commands and the README's SQL on a populated ledger (both databases)."""
+"""Audit commands and the SQL of docs/audit.md on a populated ledger (both databases)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ledger.enqueue import build_spec, to_row
 from ledger.store import Store
 from ledger.store.rows import AttemptFailure, Completed, Failed, RetryLater
 
-README = Path(__file__).parents[2] / "README.md"
+AUDIT_DOC = Path(__file__).parents[2] / "docs" / "audit.md"
 
 
 def populate(url: str) -> dict[str, int]:
@@ -114,7 +114,7 @@ def test_show_unknown_id_is_a_clear_error(sqlite_url: str) -> None:
 
 def test_readme_audit_queries_run_and_answer(db_url: str) -> None:
     ids = populate(db_url)
-    queries = re.findall(r"```sql\n(.*?)```", README.read_text(), flags=re.S)
+    queries = re.findall(r"```sql\n(.*?)```", AUDIT_DOC.read_text(), flags=re.S)
     assert len(queries) == 6
     store = Store(db_url)
     with store.engine.connect() as conn:

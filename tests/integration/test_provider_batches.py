@@ -21,7 +21,7 @@ from ledger.store import Store
 from tests.integration.batch_helpers import attempts_t, batch_settings, batches_t, enqueue, requests_t, rows, run
 from tests.integration.store_helpers import kept_records
 
-README = Path(__file__).parents[2] / "README.md"
+AUDIT_DOC = Path(__file__).parents[2] / "docs" / "audit.md"
 
 
 @pytest.fixture
@@ -66,8 +66,8 @@ def test_a_thousand_requests_make_one_batch_per_provider_and_every_answer_comes_
         (r["id"], "succeeded") for r in requests
     )
     assert {a["batch_id"] for a in attempts} == set(batch_of.values())
-    # The README's batch audit query: per-batch cost is the sum of its requests', turnaround known.
-    query = re.findall(r"```sql\n(.*?)```", README.read_text(), flags=re.S)[2]
+    # The batch audit query of docs/audit.md: per-batch cost is the sum of its requests', turnaround known.
+    query = re.findall(r"```sql\n(.*?)```", AUDIT_DOC.read_text(), flags=re.S)[2]
     assert "llm_batch_audit" in query
     with store.engine.connect() as conn:
         audited = conn.execute(text(query)).mappings().all()

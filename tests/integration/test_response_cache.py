@@ -21,7 +21,7 @@ from ledger.settings import Settings
 from ledger.store import Store
 from tests.integration.batch_helpers import batch_settings, requests_t, rows, run
 
-README = Path(__file__).parents[2] / "README.md"
+AUDIT_DOC = Path(__file__).parents[2] / "docs" / "audit.md"
 
 
 @pytest.fixture
@@ -218,8 +218,8 @@ def test_a_copy_is_never_a_source_and_the_status_counts_what_hits_saved(
     cache = json.loads(status.stdout)["cache"]
     assert cache["hits_today"] == 1
     assert cache["saved_usd_today"] == pytest.approx(found["o"]["cost_usd"])
-    # The README's audit query of what the cache saved: the one hit, at its source's cost.
-    query = re.findall(r"```sql\n(.*?)```", README.read_text(), flags=re.S)[-1]
+    # The audit query of what the cache saved (docs/audit.md): the one hit, at its source's cost.
+    query = re.findall(r"```sql\n(.*?)```", AUDIT_DOC.read_text(), flags=re.S)[-1]
     assert "cached_from" in query
     with Ledger(settings=settings) as ledger, ledger.store.engine.connect() as conn:
         saved = [dict(r) for r in conn.execute(text(query)).mappings()]
