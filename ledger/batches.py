@@ -62,7 +62,7 @@ LOG = logging.getLogger("ledger.batches")
 # Result lines per transaction. Each transaction holds the claim lock (an online claim waits at
 # most one chunk, ~0.15 s on PostgreSQL) and pays a fixed toll: the lock, the lease fence, the
 # commit, and the database lane's other users in between. 5,000 mapped 100,000 requests
-# 10-15 % faster than 2,000 on PostgreSQL; 10,000 no faster again (docs/benchmarks.md).
+# 10-15 % faster than 2,000 on PostgreSQL; 10,000 no faster again (docs/benchmarks-history.md).
 MAP_CHUNK = 5000
 READ_CHUNK = 1000  # requests read per query while building an input
 # A provider's clock and the database's may differ: look this much further back for a batch
