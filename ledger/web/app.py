@@ -32,6 +32,9 @@ from ledger.web.live import Live
 from ledger.web.security import COOKIE, Guard, GuardMiddleware, safe_next
 from ledger.web.spend import SpendHours
 
+# How long a stopping server waits for the spend thread to finish the hour it is summing.
+SPEND_STOP_S = 5.0
+
 # Keys whose values a page never shows (a header or a parameter a stage may have passed along):
 # these names, or names ending in one of them (`x-api-key`, `openai_api_key`, `client_secret`).
 SECRET_KEYS = ("authorization", "api_key", "api-key", "apikey", "secret", "password", "access_token", "auth_token")
@@ -110,11 +113,16 @@ def create_app(store: Store, settings: Settings, config: WebConfig | None = None
         stop = threading.Event()
         filler = threading.Thread(target=web.spend.fill, args=(stop,), name="ledger-web-spend", daemon=True)
         filler.start()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(web.live.run)
-            yield
-            tg.cancel_scope.cancel()
-        stop.set()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(web.live.run)
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            # The thread stops with the server, not after it: a store closed (or a test's schema
+            # dropped) under a thread still summing would be read by it.
+            stop.set()
+            await anyio.to_thread.run_sync(filler.join, SPEND_STOP_S)
 
     app = Starlette(
         routes=routes,

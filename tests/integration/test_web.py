@@ -7,15 +7,21 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import re
+import threading
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 from ledger.cli import app as cli
+from ledger.settings import load_settings
 from ledger.store import Store
 from ledger.store import browse as browse_module
 from ledger.web import WebConfig, create_app
@@ -361,3 +367,54 @@ def test_a_job_larger_than_a_summary_reads_says_so(
     assert summary["capped"] and summary["total"] == 10 and summary["done"] == 10
     page = Page(client.get(f"/jobs/{web_ledger.job_id}").text)
     assert page.find("span", id="job-capped")
+
+
+def spend_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ledger-web-spend"]
+
+
+def test_the_spend_thread_stops_with_the_app(
+    web_ledger: WebLedger, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An hour's sum that takes half a second is under way when the app stops: the app waits for
+    it, and no thread is left summing (one that was went on to read a closed store, and once a
+    dropped schema)."""
+    summing = threading.Event()
+    real = store.spend_between
+
+    def slow_hour(start: Any, end: Any) -> Any:
+        summing.set()
+        threading.Event().wait(0.5)  # a slow hour's sum, not a synchronisation
+        return real(start, end)
+
+    monkeypatch.setattr(store, "spend_between", slow_hour)
+    with client_for(web_ledger, store):
+        assert summing.wait(30)
+    assert spend_threads() == []
+
+
+def test_a_schema_dropped_under_the_app_costs_a_warning_not_a_crashed_thread(
+    pg_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    crashed: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", crashed.append)
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.dsn, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        url = pg_server.schema_url(schema)
+        store = Store(url)
+        settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=url)
+        with (
+            caplog.at_level(logging.WARNING, logger="ledger.web"),
+            TestClient(create_app(store, settings, WebConfig(hosts=HOSTS))),
+        ):
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            deadline = time.monotonic() + 60
+            while not crashed and not [r for r in caplog.records if r.name == "ledger.web"]:
+                assert time.monotonic() < deadline, "the spend thread neither warned nor crashed"
+                time.sleep(0.05)
+        store.close()
+    assert crashed == [] and spend_threads() == []
+    (warning,) = [r for r in caplog.records if r.name == "ledger.web"]
+    assert warning.levelno == logging.WARNING and "spend not summed" in warning.getMessage()
+    assert len(warning.getMessage().splitlines()) == 1
