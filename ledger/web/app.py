@@ -60,6 +60,8 @@ class Web:
         self.guard = Guard.make(config.token, config.hosts)
         self.live = Live(store.change_marks, config.live_interval)
         self.spend = SpendHours(store)
+        # Ended jobs' progress on `/jobs` and when it was summed, by (job id, its last update).
+        self.ended_progress: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("ledger.web", "templates"),
             autoescape=True,  # everything a model or a stage wrote is text, never markup
