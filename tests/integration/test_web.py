@@ -17,10 +17,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import update
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 from ledger.cli import app as cli
+from ledger.enqueue import build_spec, to_row
 from ledger.settings import load_settings
 from ledger.store import Store
 from ledger.store import browse as browse_module
@@ -418,3 +420,63 @@ def test_a_schema_dropped_under_the_app_costs_a_warning_not_a_crashed_thread(
     (warning,) = [r for r in caplog.records if r.name == "ledger.web"]
     assert warning.levelno == logging.WARNING and "spend not summed" in warning.getMessage()
     assert len(warning.getMessage().splitlines()) == 1
+
+
+def progress_cells(html: str) -> dict[str, str]:
+    """/jobs: each job's progress cell, as text."""
+    rows = re.findall(r'<tr data-job="([^"]+)">(.*?)</tr>', html, re.S)
+    cells = {job: re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for job, row in rows}
+    return {job: re.sub(r"<[^>]+>", "", found[4]).strip() for job, found in cells.items()}
+
+
+def test_the_jobs_list_shows_an_ended_jobs_progress(web_ledger: WebLedger, client: TestClient) -> None:
+    html = client.get("/jobs").text
+    assert progress_cells(html)[web_ledger.job_id] == "30 / 30"
+    assert '<progress max="30" value="30"></progress> 30 / 30' in html
+
+
+def test_ended_jobs_are_summed_within_a_views_budget_and_kept(
+    web_ledger: WebLedger, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledger.store.jobs import jobs
+    from ledger.web import pages_jobs
+    from tests.integration.web_helpers import requests_t
+
+    for name in ("ended-a", "ended-b"):
+        with store.engine.begin() as conn:
+            conn.execute(jobs.insert().values(id=name, kind="eval", status="completed", phase="completed"))
+        store.enqueue(
+            to_row(build_spec(model="m6", provider="mock", job_id=name, idempotency_key=f"{name}-{i}", messages=MSG))
+            for i in range(3)
+        )
+        with store.engine.begin() as conn:
+            conn.execute(update(requests_t).where(requests_t.c.job_id == name).values(status="completed"))
+    monkeypatch.setattr(pages_jobs, "JOB_ROWS", 1)  # one ended job summed per view
+    with client_for(web_ledger, store) as client:
+        views = [progress_cells(client.get("/jobs").text) for _ in range(6)]
+    assert "see its page" in views[0].values()
+    last = views[-1]
+    assert (last["ended-a"], last["ended-b"], last[web_ledger.job_id]) == ("3 / 3", "3 / 3", "30 / 30")
+
+
+def table_of(html: str, table_id: str) -> tuple[list[str], list[int]]:
+    """A table's header texts and how many cells each of its other rows has."""
+    table = re.search(rf'<table id="{table_id}".*?</table>', html, re.S)
+    assert table, table_id
+    header, *rows = re.findall(r"<tr\b.*?</tr>", table.group(0), re.S)
+    labels = [re.sub(r"<[^>]+>", "", th).strip() for th in re.findall(r"<th\b[^>]*>(.*?)</th>", header, re.S)]
+    return labels, [len(re.findall(r"<t[dh]\b", row)) for row in rows]
+
+
+def test_every_column_of_the_pools_and_batches_tables_has_a_label(web_ledger: WebLedger, store: Store) -> None:
+    from tests.integration.batch_helpers import batches_t
+
+    with store.engine.begin() as conn:
+        conn.execute(batches_t.insert().values(provider="openai", model="m7", status="submitted", request_total=2))
+    for allow_actions, action in ((False, []), (True, ["action"])):
+        with client_for(web_ledger, store, allow_actions=allow_actions) as client:
+            for path, table_id in (("/", "pools"), ("/batches", "batches")):
+                labels, cells = table_of(client.get(path).text, table_id)
+                assert all(labels), (path, labels)
+                assert [x for x in labels if x == "action"] == action, (path, labels)
+                assert cells and set(cells) == {len(labels)}, (path, labels, cells)
