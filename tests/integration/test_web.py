@@ -480,3 +480,12 @@ def test_every_column_of_the_pools_and_batches_tables_has_a_label(web_ledger: We
                 assert all(labels), (path, labels)
                 assert [x for x in labels if x == "action"] == action, (path, labels)
                 assert cells and set(cells) == {len(labels)}, (path, labels, cells)
+
+
+def test_the_spend_tables_name_their_columns_in_words(client: TestClient) -> None:
+    for unit in ("hour", "day"):
+        html = client.get(f"/spend?unit={unit}").text
+        for by, key in (("model", "model"), ("job_id", "job"), ("provider", "provider")):
+            table_id = f"spend-by-{by}"
+            labels, _ = table_of(html, table_id)
+            assert labels[:2] == [unit, key] and "job_id" not in labels and all(labels), (table_id, labels)
