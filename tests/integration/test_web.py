@@ -489,3 +489,30 @@ def test_the_spend_tables_name_their_columns_in_words(client: TestClient) -> Non
             table_id = f"spend-by-{by}"
             labels, _ = table_of(html, table_id)
             assert labels[:2] == [unit, key] and "job_id" not in labels and all(labels), (table_id, labels)
+
+
+@pytest.mark.parametrize(
+    ("query", "named", "takes"),
+    [
+        ("status=bogus", "status='bogus'", "queued, running, submitted, completed, error, canceled"),
+        ("finish_reason=done", "finish_reason='done'", "stop, length, tool_calls"),
+        ("provider=openia", "provider='openia'", "anthropic, azure, gemini, mock, openai"),
+        ("delivery=fast", "delivery='fast'", "online, batch"),
+        ("batch=seven", "batch='seven'", "a whole number"),
+    ],
+)
+def test_a_filter_value_outside_its_list_is_refused_in_one_line(
+    client: TestClient, query: str, named: str, takes: str
+) -> None:
+    """Answered 200 with "no request matches", a typo looked like an empty ledger."""
+    for path in ("/requests", "/requests/export.jsonl", "/requests/export.csv"):
+        refused = client.get(f"{path}?{query}&model=m1")
+        assert refused.status_code == 400, (path, refused.status_code)
+        assert refused.headers["content-type"].startswith("text/plain")
+        assert len(refused.text.strip().splitlines()) == 1 and named in refused.text and takes in refused.text
+    assert client.get("/requests?status=&provider=&delivery=&finish_reason=&batch=").status_code == 200
+
+
+def test_a_spend_unit_outside_hour_and_day_is_refused(client: TestClient) -> None:
+    refused = client.get("/spend?unit=week")
+    assert refused.status_code == 400 and refused.text == "unit='week' is not a spend unit: hour or day"
