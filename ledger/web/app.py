@@ -8,6 +8,7 @@ SQLAlchemy, and a page is a handful of short queries.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 import anyio
 import jinja2
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -70,7 +72,14 @@ class Web:
             lstrip_blocks=True,
         )
         self.env.filters.update(
-            when=when, money=money, count=count_text, pretty=pretty, number=number, seconds=seconds_text, seg=segment
+            when=when,
+            money=money,
+            count=count_text,
+            pretty=pretty,
+            number=number,
+            seconds=seconds_text,
+            seg=segment,
+            ident=breakable,
         )
         self.env.globals.update(url=url, actions=config.allow_actions, csrf=self.guard.csrf())
 
@@ -169,6 +178,17 @@ def url(path: str, **params: Any) -> str:
 def segment(value: Any) -> str:
     """A value as one URL path segment (a job id with a slash stays one segment)."""
     return quote(str(value), safe="")
+
+
+# Where an identifier may break across lines: after these separators (browsers break after a
+# hyphen or a space by themselves), never inside a word (`error_handling` is one).
+IDENT_BREAKS = re.compile(r"(?<=[:/.@|])(?=.)")
+
+
+def breakable(value: Any) -> Markup:
+    """An identifier (custom_id, job, pool) as text a narrow column can wrap at its separators
+    (`openai:` `gpt-` `4o-mini`) instead of mid-word: escaped, with <wbr> between the pieces."""
+    return Markup("<wbr>").join(escape(piece) for piece in IDENT_BREAKS.split(str(value)))
 
 
 def when(value: Any) -> str:

@@ -146,3 +146,33 @@ def test_a_headless_screenshot_of_a_live_page_finishes(
             done = screenshot(chromium_executable, base + path, shot, tmp_path / "profile")
             assert done.returncode == 0, done.stderr[-2000:]
             assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# Each cell whose rendered text breaks onto a new line between two letters or digits.
+MID_WORD_BREAKS = """cells => cells.filter(cell => {
+  const chars = [];
+  const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (let i = 0; i < node.data.length; i++) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const box = range.getClientRects()[0];
+      if (box) { chars.push([node.data[i], box.top]); }
+    }
+  }
+  const word = /[A-Za-z0-9]/;
+  return chars.some((c, i) => i > 0 && c[1] > chars[i - 1][1] + 2 && word.test(c[0]) && word.test(chars[i - 1][0]));
+}).map(cell => cell.textContent.trim())"""
+
+
+def test_identifiers_in_the_request_list_wrap_only_between_words(page: Any, ledger: WebLedger) -> None:
+    """custom_ids, jobs and pools in a narrow window: broken at their separators, never mid-word
+    (`word-break: break-all` had `example-ev` / `al:tech le` / `ad:operabi` / `lity`)."""
+    page.set_viewport_size({"width": 900, "height": 800})
+    columns = ", ".join(f"#requests tr[data-request-id] td:nth-child({n})" for n in (2, 3, 4))
+    with web_process(ledger.url) as (_proc, base):
+        for path in (f"/requests?job={ledger.job_id}", "/requests"):
+            page.goto(base + path)
+            assert page.locator(columns).count() >= 90  # 30 rows at least
+            assert page.eval_on_selector_all(columns, MID_WORD_BREAKS) == [], path
