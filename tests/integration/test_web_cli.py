@@ -30,14 +30,12 @@ def test_the_first_line_names_the_port_taken_and_the_page_answers(db_url: str) -
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_with_a_page_listening_ends_its_stream_and_exits_0_quietly(
-    sqlite_url: str, stop: signal.Signals
-) -> None:
+def test_a_stop_with_a_page_listening_ends_its_stream_and_exits_0_quietly(db_url: str, stop: signal.Signals) -> None:
     """The open event stream is ended by the server, not cancelled when uvicorn's grace period
     runs out (which logged `timeout graceful shutdown exceeded` and a traceback per page, and
     exited by the signal: 143 or 130)."""
-    Store(sqlite_url).close()
-    with web_process(sqlite_url) as (proc, base), httpx.stream("GET", base + "/events", timeout=20) as events:
+    Store(db_url).close()
+    with web_process(db_url) as (proc, base), httpx.stream("GET", base + "/events", timeout=20) as events:
         lines = events.iter_lines()
         assert next(lines).startswith("retry:")  # the page is listening
         proc.send_signal(stop)
