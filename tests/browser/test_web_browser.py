@@ -1,7 +1,8 @@
 """The web view in a real headless Chromium against a real `ledger web` process: the example job's
 matrix is `ledger report --json`, a cell leads to its request and attempts, the job page follows
 a daemon without a reload, hostile output stays text and runs nothing, the token is asked for
-off loopback."""
+off loopback, a `--virtual-time-budget` screenshot of a live page finishes, identifiers wrap only
+between words."""
 
 from __future__ import annotations
 
