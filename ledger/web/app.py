@@ -8,6 +8,7 @@ SQLAlchemy, and a page is a handful of short queries.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 import anyio
 import jinja2
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -31,6 +33,9 @@ from ledger.store.browse import Count
 from ledger.web.live import Live
 from ledger.web.security import COOKIE, Guard, GuardMiddleware, safe_next
 from ledger.web.spend import SpendHours
+
+# How long a stopping server waits for the spend thread to finish the hour it is summing.
+SPEND_STOP_S = 5.0
 
 # Keys whose values a page never shows (a header or a parameter a stage may have passed along):
 # these names, or names ending in one of them (`x-api-key`, `openai_api_key`, `client_secret`).
@@ -57,6 +62,8 @@ class Web:
         self.guard = Guard.make(config.token, config.hosts)
         self.live = Live(store.change_marks, config.live_interval)
         self.spend = SpendHours(store)
+        # Ended jobs' progress on `/jobs` and when it was summed, by (job id, its last update).
+        self.ended_progress: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("ledger.web", "templates"),
             autoescape=True,  # everything a model or a stage wrote is text, never markup
@@ -65,7 +72,14 @@ class Web:
             lstrip_blocks=True,
         )
         self.env.filters.update(
-            when=when, money=money, count=count_text, pretty=pretty, number=number, seconds=seconds_text, seg=segment
+            when=when,
+            money=money,
+            count=count_text,
+            pretty=pretty,
+            number=number,
+            seconds=seconds_text,
+            seg=segment,
+            ident=breakable,
         )
         self.env.globals.update(url=url, actions=config.allow_actions, csrf=self.guard.csrf())
 
@@ -110,11 +124,16 @@ def create_app(store: Store, settings: Settings, config: WebConfig | None = None
         stop = threading.Event()
         filler = threading.Thread(target=web.spend.fill, args=(stop,), name="ledger-web-spend", daemon=True)
         filler.start()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(web.live.run)
-            yield
-            tg.cancel_scope.cancel()
-        stop.set()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(web.live.run)
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            # The thread stops with the server, not after it: a store closed (or a test's schema
+            # dropped) under a thread still summing would be read by it.
+            stop.set()
+            await anyio.to_thread.run_sync(filler.join, SPEND_STOP_S)
 
     app = Starlette(
         routes=routes,
@@ -159,6 +178,17 @@ def url(path: str, **params: Any) -> str:
 def segment(value: Any) -> str:
     """A value as one URL path segment (a job id with a slash stays one segment)."""
     return quote(str(value), safe="")
+
+
+# Where an identifier may break across lines: after these separators (browsers break after a
+# hyphen or a space by themselves), never inside a word (`error_handling` is one).
+IDENT_BREAKS = re.compile(r"(?<=[:/.@|])(?=.)")
+
+
+def breakable(value: Any) -> Markup:
+    """An identifier (custom_id, job, pool) as text a narrow column can wrap at its separators
+    (`openai:` `gpt-` `4o-mini`) instead of mid-word: escaped, with <wbr> between the pieces."""
+    return Markup("<wbr>").join(escape(piece) for piece in IDENT_BREAKS.split(str(value)))
 
 
 def when(value: Any) -> str:

@@ -29,6 +29,7 @@ class Live:
         self.interval = interval
         self.listeners: set[MemoryObjectSendStream[list[str]]] = set()
         self.probes = 0  # readings taken (tests count them)
+        self.closed = False
 
     async def run(self) -> None:
         """Runs for the server's life (its lifespan's task group)."""
@@ -53,10 +54,22 @@ class Live:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self.listeners.discard(listener)
 
+    def close(self) -> None:
+        """End every open stream, and any opened from now on, at once: the server is stopping.
+        An open stream never ends by itself, so without this a page left open holds the shutdown
+        until uvicorn's grace period runs out and cancels it (with a traceback per page)."""
+        self.closed = True
+        for listener in list(self.listeners):
+            listener.close()
+        self.listeners.clear()
+
     def stream(self, request: Request) -> StreamingResponse:
         """The server-sent event stream: `event: change` with the changed marks as a JSON list."""
         send, receive = anyio.create_memory_object_stream[list[str]](8)
-        self.listeners.add(send)
+        if self.closed:
+            send.close()  # the page reconnects after `retry`, to the next server
+        else:
+            self.listeners.add(send)
 
         async def events() -> AsyncIterator[str]:
             try:
@@ -64,7 +77,10 @@ class Live:
                 while True:
                     changed: list[str] | None = None
                     with anyio.move_on_after(KEEPALIVE_S):
-                        changed = await receive.receive()
+                        try:
+                            changed = await receive.receive()
+                        except anyio.EndOfStream:  # closed: the server is stopping
+                            return
                     if changed is None:
                         yield ": keep-alive\n\n"
                         continue

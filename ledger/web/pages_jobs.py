@@ -7,6 +7,7 @@ prints and `report --json` lists, worked out by the same function.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
@@ -16,8 +17,14 @@ from starlette.routing import BaseRoute, Route
 
 from ledger.jobs import job_duration_s, job_spec
 from ledger.scores import cell_summary, cell_text, cells_of, disagree
+from ledger.statuses import JobStatus
+from ledger.store.browse import JOB_ROWS
 from ledger.web.app import Web
 from ledger.web.pages_overview import JOBS_SUMMED
+
+# How long `/jobs` shows the progress of an ended job with requests still in flight (a canceled
+# job's calls finishing) before summing it again.
+OPEN_KEPT_S = 60.0
 
 
 def routes(web: Web) -> list[BaseRoute]:
@@ -32,9 +39,8 @@ def routes(web: Web) -> list[BaseRoute]:
             except ValueError:
                 before = None
         rows = web.store.job_list(before=before)
-        running = web.store.job_summary([row["id"] for row in rows if row["status"] == "running"][:JOBS_SUMMED])
         last = rows[-1] if len(rows) == 50 else None
-        return web.render(request, "jobs.html", {"jobs": rows, "progress": running, "last": last})
+        return web.render(request, "jobs.html", {"jobs": rows, "progress": list_progress(web, rows), "last": last})
 
     def job_page(request: Request) -> Response:
         job_id = request.path_params["job_id"]
@@ -67,6 +73,31 @@ def routes(web: Web) -> list[BaseRoute]:
         Route("/jobs/{job_id}/cell", cell),
         Route("/jobs/{a}/compare/{b}", compare),
     ]
+
+
+def list_progress(web: Web, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The progress `/jobs` shows: its first `JOBS_SUMMED` running jobs', summed on each view, and
+    the ended jobs', kept in `web.ended_progress` by the job's id and last update: for good once
+    nothing of the job is in flight (its figures no longer move), else for `OPEN_KEPT_S`. A view
+    sums the ended jobs it holds nothing for up to `JOB_ROWS` requests in all, so a page of large
+    finished jobs is summed over a few views, not in one."""
+    running = [row["id"] for row in rows if row["status"] == JobStatus.RUNNING.value][:JOBS_SUMMED]
+    found = web.store.job_summary(running)
+    budget, now = JOB_ROWS, time.monotonic()
+    for row in rows:
+        if row["status"] == JobStatus.RUNNING.value:
+            continue
+        key = (row["id"], str(row["updated_at"]))
+        kept = web.ended_progress.get(key)
+        if kept is not None and kept[0]["open"] and now - kept[1] > OPEN_KEPT_S:
+            kept = None
+        if kept is None and budget > 0:
+            kept = (web.store.job_summary([row["id"]])[row["id"]], now)
+            budget -= kept[0]["total"]
+            web.ended_progress[key] = kept
+        if kept is not None:
+            found[row["id"]] = kept[0]
+    return found
 
 
 def job_context(web: Web, job_id: str) -> dict[str, Any] | None:

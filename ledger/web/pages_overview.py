@@ -11,7 +11,7 @@ from starlette.routing import BaseRoute, Route
 
 from ledger.statuses import RequestStatus
 from ledger.store.browse import Count, PoolView
-from ledger.web.app import Web, int_param
+from ledger.web.app import Web, int_param, plain
 from ledger.web.spend import WINDOWS
 
 # Running jobs whose progress a list page sums (each a read of up to 50,000 of its requests);
@@ -30,8 +30,10 @@ def routes(web: Web) -> list[BaseRoute]:
         return web.render(request, "batches.html", {"batches": rows, "next_before": next_before})
 
     def spend(request: Request) -> Response:
-        unit = request.query_params.get("unit", "hour")
-        return web.render(request, "spend.html", web.spend.view(unit if unit in WINDOWS else "hour"))
+        unit = request.query_params.get("unit") or "hour"
+        if unit not in WINDOWS:
+            return plain(f"unit={unit[:100]!r} is not a spend unit: {' or '.join(WINDOWS)}", 400)
+        return web.render(request, "spend.html", web.spend.view(unit))
 
     return [Route("/", overview), Route("/batches", batches), Route("/spend", spend)]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -14,19 +14,39 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from adapters.base import FINISH_REASONS
+from adapters.registry import PROVIDER_NAMES
 from ledger.statuses import Delivery, RequestStatus
 from ledger.store.browse import ROW_COLUMNS, RequestFilter
-from ledger.web.app import Web, int_param, redact
+from ledger.web.app import Web, int_param, plain, redact
 
 TEXT_FILTERS = ("status", "job", "pool", "provider", "model", "delivery", "finish_reason", "q")
 FLAG_FILTERS = ("parse_error", "had_429")
+# The filters that take one of a fixed list of values.
+FIXED_FILTERS: dict[str, tuple[str, ...]] = {
+    "status": tuple(s.value for s in RequestStatus),
+    "provider": tuple(sorted(PROVIDER_NAMES)),
+    "delivery": tuple(d.value for d in Delivery),
+    "finish_reason": FINISH_REASONS,
+}
 # The columns of the CSV export: a request list's, and when it ended (the JSONL export has every
 # column but the input and the body).
 CSV_COLUMNS = (*ROW_COLUMNS, "completed_at")
 
 
+class BadFilter(ValueError):
+    """A filter given a value it cannot take (one line naming it, the value and what it takes):
+    answered 400, where matching nothing would look like an answer."""
+
+
 def filter_of(request: Request) -> RequestFilter:
     q = request.query_params
+    for name, allowed in FIXED_FILTERS.items():
+        value = q.get(name)
+        if value and value not in allowed:
+            shown = name.replace("_", " ")
+            raise BadFilter(f"{name}={value[:100]!r} is not a {shown}: one of {', '.join(allowed)}")
+    if q.get("batch") and int_param(request, "batch") is None:
+        raise BadFilter(f"batch={q['batch'][:100]!r} is not a batch id: a whole number")
 
     def text(name: str) -> str | None:
         return q.get(name) or None
@@ -57,25 +77,24 @@ def filter_params(where: RequestFilter) -> dict[str, Any]:
 
 
 def routes(web: Web) -> list[BaseRoute]:
-    def request_list(request: Request) -> Response:
-        where = filter_of(request)
+    def request_list(request: Request, where: RequestFilter) -> Response:
         before = int_param(request, "before")
         page = web.store.request_page(where, before=before)
         context = {
             "page": page,
             "filters": filter_params(where),
             "before": before,
-            "statuses": [s.value for s in RequestStatus],
-            "deliveries": [d.value for d in Delivery],
-            "finish_reasons": FINISH_REASONS,
+            "statuses": FIXED_FILTERS["status"],
+            "providers": FIXED_FILTERS["provider"],
+            "deliveries": FIXED_FILTERS["delivery"],
+            "finish_reasons": FIXED_FILTERS["finish_reason"],
             "pools": web.store.known_pools(),
             # A custom_id searched for whole is found at once, wherever the pages' walk is.
             "exact": web.store.request_by_custom_id(where.q) if where.q else None,
         }
         return web.render(request, "requests.html", context)
 
-    def export_jsonl(request: Request) -> Response:
-        where = filter_of(request)
+    def export_jsonl(request: Request, where: RequestFilter) -> Response:
 
         def lines() -> Iterator[str]:
             for row in web.store.export_requests(where):
@@ -85,8 +104,7 @@ def routes(web: Web) -> list[BaseRoute]:
         headers = {"Content-Disposition": 'attachment; filename="requests.jsonl"'}
         return StreamingResponse(lines(), media_type="application/x-ndjson", headers=headers)
 
-    def export_csv(request: Request) -> Response:
-        where = filter_of(request)
+    def export_csv(request: Request, where: RequestFilter) -> Response:
 
         def lines() -> Iterator[str]:
             buffer = io.StringIO()
@@ -121,11 +139,24 @@ def routes(web: Web) -> list[BaseRoute]:
         return web.render(request, "request.html", context)
 
     return [
-        Route("/requests", request_list),
-        Route("/requests/export.jsonl", export_jsonl),
-        Route("/requests/export.csv", export_csv),
+        Route("/requests", filtered(request_list)),
+        Route("/requests/export.jsonl", filtered(export_jsonl)),
+        Route("/requests/export.csv", filtered(export_csv)),
         Route("/requests/{request_id:int}", request_page),
     ]
+
+
+def filtered(handler: Callable[[Request, RequestFilter], Response]) -> Callable[[Request], Response]:
+    """`handler` given the request's filters, or a 400 saying which filter is wrong."""
+
+    def run(request: Request) -> Response:
+        try:
+            where = filter_of(request)
+        except BadFilter as exc:
+            return plain(str(exc), 400)
+        return handler(request, where)
+
+    return run
 
 
 def verdict_parts(raw: str | None, verdict: str | None) -> tuple[str, str, str] | None:

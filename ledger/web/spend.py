@@ -10,6 +10,7 @@ the thread has reached an hour, the page says how many hours are still being sum
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -19,6 +20,7 @@ from typing import Any
 
 from ledger.store import Store
 
+LOG = logging.getLogger("ledger.web")
 HOUR = timedelta(hours=1)
 # How far back the page reaches: two days by hour, thirty by day.
 WINDOWS = {"hour": 48, "day": 30 * 24}
@@ -49,28 +51,39 @@ class SpendHours:
     def fill(self, stop: threading.Event, hours: int = WINDOWS["day"]) -> None:
         """Sum every ended hour of the last `hours` that is missing or stale, newest first; then
         wait and look again. Runs in a thread for the server's life: a first pass at start, then
-        only while someone has looked at the spend page in the last `KEEP_S` seconds."""
+        only while someone has looked at the spend page in the last `KEEP_S` seconds. A database
+        that fails it (gone, restarting) costs one warning a pass, none once the server stops."""
         first = True
         while not stop.is_set():
             if not first and time.monotonic() - self.viewed_at > KEEP_S:
                 stop.wait(30.0)  # nobody looks at spend: an idle server asks the database nothing
                 continue
             first = False
-            current = hour_of(self.store.db_clock())
-            for back in range(1, hours + 1):
+            try:
+                self.sum_hours(stop, hours)
+            except Exception as exc:  # the page says which hours are missing; try again later
                 if stop.is_set():
                     return
-                start = current - HOUR * back
-                kept = self.hours.get(start)
-                if kept is not None and time.monotonic() - kept.at < KEEP_S:
-                    continue
-                rows, partial = self.store.spend_between(start, start + HOUR)
-                with self.lock:
-                    self.hours[start] = Hour(rows, partial, time.monotonic())
-                    for old in [h for h in self.hours if h < current - HOUR * hours]:
-                        del self.hours[old]
-                stop.wait(PAUSE_S)
+                said = str(exc).strip().splitlines() or [type(exc).__name__]
+                LOG.warning("ledger web: spend not summed (again in 30 s): %s", said[0])
             stop.wait(30.0)
+
+    def sum_hours(self, stop: threading.Event, hours: int) -> None:
+        """One pass: the ended hours missing or stale, newest first, until `stop`."""
+        current = hour_of(self.store.db_clock())
+        for back in range(1, hours + 1):
+            if stop.is_set():
+                return
+            start = current - HOUR * back
+            kept = self.hours.get(start)
+            if kept is not None and time.monotonic() - kept.at < KEEP_S:
+                continue
+            rows, partial = self.store.spend_between(start, start + HOUR)
+            with self.lock:
+                self.hours[start] = Hour(rows, partial, time.monotonic())
+                for old in [h for h in self.hours if h < current - HOUR * hours]:
+                    del self.hours[old]
+            stop.wait(PAUSE_S)
 
     def view(self, unit: str) -> dict[str, Any]:
         """The page's tables: per bucket (hour or day, newest first) by model, job and provider,

@@ -30,13 +30,19 @@ def _missing(why: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    """One browser per module (a context per test keeps them apart). Not per session: Playwright's
-    sync API keeps an event loop running in the main thread while it is started, and every later
-    test that runs one of its own (anyio.run) would fail."""
+def chromium_executable() -> str:
     executable = shutil.which("chromium") or shutil.which("chromium-browser")
     if executable is None:
         _missing("no chromium executable on PATH")
+    return str(executable)
+
+
+@pytest.fixture(scope="module")
+def chromium(chromium_executable: str) -> Iterator[Any]:
+    """One browser per module (a context per test keeps them apart). Not per session: Playwright's
+    sync API keeps an event loop running in the main thread while it is started, and every later
+    test that runs one of its own (anyio.run) would fail."""
+    executable = chromium_executable
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:

@@ -1,11 +1,14 @@
 """The web view in a real headless Chromium against a real `ledger web` process: the example job's
 matrix is `ledger report --json`, a cell leads to its request and attempts, the job page follows
 a daemon without a reload, hostile output stays text and runs nothing, the token is asked for
-off loopback."""
+off loopback, a `--virtual-time-budget` screenshot of a live page finishes, identifiers wrap only
+between words."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +22,7 @@ from ledger.settings import load_settings
 from ledger.spec import load_spec
 from ledger.store import Store
 from tests.acceptance.procs import ledger_env, mock_provider, start_daemon
+from tests.browser.conftest import ARGS
 from tests.integration.web_helpers import EXAMPLE, LEDGER, WebLedger, build_ledger, env_for, web_process
 
 NEVER_SET = "() => window.__pwned === undefined"
@@ -115,3 +119,61 @@ def test_off_loopback_the_browser_must_sign_in(page: Any, ledger: WebLedger) -> 
         page.wait_for_selector("#score-matrix")
         assert page.url.endswith(f"/jobs/{ledger.job_id}")
         page.wait_for_selector("#live-state.on")  # the event stream signs in with the cookie too
+
+
+def screenshot(chromium_executable: str, url: str, shot: Path, profile: Path) -> subprocess.CompletedProcess[bytes]:
+    """`chromium --headless --virtual-time-budget=5000 --screenshot` as a user's tool runs it; its
+    whole process group killed if it has not finished in a minute."""
+    command = [chromium_executable, "--headless", *ARGS, f"--user-data-dir={profile}"]
+    command += ["--virtual-time-budget=5000", f"--screenshot={shot}", "--window-size=1280,900", url]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"chromium took a screenshot of {url} for over a minute: the page never settled") from None
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def test_a_headless_screenshot_of_a_live_page_finishes(
+    chromium_executable: str, ledger: WebLedger, tmp_path: Path
+) -> None:
+    """A stream the page holds open stops a headless browser's virtual time: with it, a screenshot
+    tool pointed at any live page waited forever. Each page here has a live section."""
+    with web_process(ledger.url) as (_proc, base):
+        for i, path in enumerate(["/", f"/jobs/{ledger.job_id}", f"/requests/{ledger.ids['limited']}"]):
+            shot = tmp_path / f"page-{i}.png"
+            done = screenshot(chromium_executable, base + path, shot, tmp_path / "profile")
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# Each cell whose rendered text breaks onto a new line between two letters or digits.
+MID_WORD_BREAKS = """cells => cells.filter(cell => {
+  const chars = [];
+  const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (let i = 0; i < node.data.length; i++) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const box = range.getClientRects()[0];
+      if (box) { chars.push([node.data[i], box.top]); }
+    }
+  }
+  const word = /[A-Za-z0-9]/;
+  return chars.some((c, i) => i > 0 && c[1] > chars[i - 1][1] + 2 && word.test(c[0]) && word.test(chars[i - 1][0]));
+}).map(cell => cell.textContent.trim())"""
+
+
+def test_identifiers_in_the_request_list_wrap_only_between_words(page: Any, ledger: WebLedger) -> None:
+    """custom_ids, jobs and pools in a narrow window: broken at their separators, never mid-word
+    (`word-break: break-all` had `example-ev` / `al:tech le` / `ad:operabi` / `lity`)."""
+    page.set_viewport_size({"width": 900, "height": 800})
+    columns = ", ".join(f"#requests tr[data-request-id] td:nth-child({n})" for n in (2, 3, 4))
+    with web_process(ledger.url) as (_proc, base):
+        for path in (f"/requests?job={ledger.job_id}", "/requests"):
+            page.goto(base + path)
+            assert page.locator(columns).count() >= 90  # 30 rows at least
+            assert page.eval_on_selector_all(columns, MID_WORD_BREAKS) == [], path

@@ -7,15 +7,23 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import re
+import threading
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
+from sqlalchemy import update
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 from ledger.cli import app as cli
+from ledger.enqueue import build_spec, to_row
+from ledger.settings import load_settings
 from ledger.store import Store
 from ledger.store import browse as browse_module
 from ledger.web import WebConfig, create_app
@@ -361,3 +369,150 @@ def test_a_job_larger_than_a_summary_reads_says_so(
     assert summary["capped"] and summary["total"] == 10 and summary["done"] == 10
     page = Page(client.get(f"/jobs/{web_ledger.job_id}").text)
     assert page.find("span", id="job-capped")
+
+
+def spend_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ledger-web-spend"]
+
+
+def test_the_spend_thread_stops_with_the_app(
+    web_ledger: WebLedger, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An hour's sum that takes half a second is under way when the app stops: the app waits for
+    it, and no thread is left summing (one that was went on to read a closed store, and once a
+    dropped schema)."""
+    summing = threading.Event()
+    real = store.spend_between
+
+    def slow_hour(start: Any, end: Any) -> Any:
+        summing.set()
+        threading.Event().wait(0.5)  # a slow hour's sum, not a synchronisation
+        return real(start, end)
+
+    monkeypatch.setattr(store, "spend_between", slow_hour)
+    with client_for(web_ledger, store):
+        assert summing.wait(30)
+    assert spend_threads() == []
+
+
+def test_a_schema_dropped_under_the_app_costs_a_warning_not_a_crashed_thread(
+    pg_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    crashed: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", crashed.append)
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.dsn, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        url = pg_server.schema_url(schema)
+        store = Store(url)
+        settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=url)
+        with (
+            caplog.at_level(logging.WARNING, logger="ledger.web"),
+            TestClient(create_app(store, settings, WebConfig(hosts=HOSTS))),
+        ):
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            deadline = time.monotonic() + 60
+            while not crashed and not [r for r in caplog.records if r.name == "ledger.web"]:
+                assert time.monotonic() < deadline, "the spend thread neither warned nor crashed"
+                time.sleep(0.05)
+        store.close()
+    assert crashed == [] and spend_threads() == []
+    (warning,) = [r for r in caplog.records if r.name == "ledger.web"]
+    assert warning.levelno == logging.WARNING and "spend not summed" in warning.getMessage()
+    assert len(warning.getMessage().splitlines()) == 1
+
+
+def progress_cells(html: str) -> dict[str, str]:
+    """/jobs: each job's progress cell, as text."""
+    rows = re.findall(r'<tr data-job="([^"]+)">(.*?)</tr>', html, re.S)
+    cells = {job: re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for job, row in rows}
+    return {job: re.sub(r"<[^>]+>", "", found[4]).strip() for job, found in cells.items()}
+
+
+def test_the_jobs_list_shows_an_ended_jobs_progress(web_ledger: WebLedger, client: TestClient) -> None:
+    html = client.get("/jobs").text
+    assert progress_cells(html)[web_ledger.job_id] == "30 / 30"
+    assert '<progress max="30" value="30"></progress> 30 / 30' in html
+
+
+def test_ended_jobs_are_summed_within_a_views_budget_and_kept(
+    web_ledger: WebLedger, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledger.store.jobs import jobs
+    from ledger.web import pages_jobs
+    from tests.integration.web_helpers import requests_t
+
+    for name in ("ended-a", "ended-b"):
+        with store.engine.begin() as conn:
+            conn.execute(jobs.insert().values(id=name, kind="eval", status="completed", phase="completed"))
+        store.enqueue(
+            to_row(build_spec(model="m6", provider="mock", job_id=name, idempotency_key=f"{name}-{i}", messages=MSG))
+            for i in range(3)
+        )
+        with store.engine.begin() as conn:
+            conn.execute(update(requests_t).where(requests_t.c.job_id == name).values(status="completed"))
+    monkeypatch.setattr(pages_jobs, "JOB_ROWS", 1)  # one ended job summed per view
+    with client_for(web_ledger, store) as client:
+        views = [progress_cells(client.get("/jobs").text) for _ in range(6)]
+    assert "see its page" in views[0].values()
+    last = views[-1]
+    assert (last["ended-a"], last["ended-b"], last[web_ledger.job_id]) == ("3 / 3", "3 / 3", "30 / 30")
+
+
+def table_of(html: str, table_id: str) -> tuple[list[str], list[int]]:
+    """A table's header texts and how many cells each of its other rows has."""
+    table = re.search(rf'<table id="{table_id}".*?</table>', html, re.S)
+    assert table, table_id
+    header, *rows = re.findall(r"<tr\b.*?</tr>", table.group(0), re.S)
+    labels = [re.sub(r"<[^>]+>", "", th).strip() for th in re.findall(r"<th\b[^>]*>(.*?)</th>", header, re.S)]
+    return labels, [len(re.findall(r"<t[dh]\b", row)) for row in rows]
+
+
+def test_every_column_of_the_pools_and_batches_tables_has_a_label(web_ledger: WebLedger, store: Store) -> None:
+    from tests.integration.batch_helpers import batches_t
+
+    with store.engine.begin() as conn:
+        conn.execute(batches_t.insert().values(provider="openai", model="m7", status="submitted", request_total=2))
+    for allow_actions, action in ((False, []), (True, ["action"])):
+        with client_for(web_ledger, store, allow_actions=allow_actions) as client:
+            for path, table_id in (("/", "pools"), ("/batches", "batches")):
+                labels, cells = table_of(client.get(path).text, table_id)
+                assert all(labels), (path, labels)
+                assert [x for x in labels if x == "action"] == action, (path, labels)
+                assert cells and set(cells) == {len(labels)}, (path, labels, cells)
+
+
+def test_the_spend_tables_name_their_columns_in_words(client: TestClient) -> None:
+    for unit in ("hour", "day"):
+        html = client.get(f"/spend?unit={unit}").text
+        for by, key in (("model", "model"), ("job_id", "job"), ("provider", "provider")):
+            table_id = f"spend-by-{by}"
+            labels, _ = table_of(html, table_id)
+            assert labels[:2] == [unit, key] and "job_id" not in labels and all(labels), (table_id, labels)
+
+
+@pytest.mark.parametrize(
+    ("query", "named", "takes"),
+    [
+        ("status=bogus", "status='bogus'", "queued, running, submitted, completed, error, canceled"),
+        ("finish_reason=done", "finish_reason='done'", "stop, length, tool_calls"),
+        ("provider=openia", "provider='openia'", "anthropic, azure, gemini, mock, openai"),
+        ("delivery=fast", "delivery='fast'", "online, batch"),
+        ("batch=seven", "batch='seven'", "a whole number"),
+    ],
+)
+def test_a_filter_value_outside_its_list_is_refused_in_one_line(
+    client: TestClient, query: str, named: str, takes: str
+) -> None:
+    """Answered 200 with "no request matches", a typo looked like an empty ledger."""
+    for path in ("/requests", "/requests/export.jsonl", "/requests/export.csv"):
+        refused = client.get(f"{path}?{query}&model=m1")
+        assert refused.status_code == 400, (path, refused.status_code)
+        assert refused.headers["content-type"].startswith("text/plain")
+        assert len(refused.text.strip().splitlines()) == 1 and named in refused.text and takes in refused.text
+    assert client.get("/requests?status=&provider=&delivery=&finish_reason=&batch=").status_code == 200
+
+
+def test_a_spend_unit_outside_hour_and_day_is_refused(client: TestClient) -> None:
+    refused = client.get("/spend?unit=week")
+    assert refused.status_code == 400 and refused.text == "unit='week' is not a spend unit: hour or day"

@@ -49,3 +49,33 @@ def test_a_listener_that_reads_nothing_does_not_block_the_others() -> None:
     for _ in range(5):
         live.announce(["requests"])  # the buffer fills; announcing goes on
     assert send in live.listeners
+
+
+def test_closing_ends_every_open_stream_and_any_opened_after() -> None:
+    """What a stopping server calls first: an open stream never ends by itself."""
+    from starlette.requests import Request
+
+    request = Request({"type": "http", "method": "GET", "path": "/events", "headers": []})
+
+    async def read_all(live: Live) -> list[str]:
+        response = live.stream(request)
+        return [str(chunk) async for chunk in response.body_iterator]
+
+    async def go() -> tuple[list[str], list[str], int]:
+        live = Live(lambda: {}, interval=1)
+        read: list[str] = []
+
+        async def reader() -> None:
+            read.extend(await read_all(live))
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reader)
+                while not live.listeners:
+                    await anyio.sleep(0.01)
+                live.close()
+            late = await read_all(live)
+        return read, late, len(live.listeners)
+
+    read, late, listening = anyio.run(go)
+    assert read == late == ["retry: 2000\n: listening\n\n"] and listening == 0
