@@ -151,6 +151,12 @@ class Resolved:
 NOTHING_RESOLVED = Resolved([], 0)
 
 
+def between_statements(point: str) -> None:
+    """Where a test holds one enqueue between its statements while others run (it replaces this
+    function): `"inserted"` after the new rows are written, before the cache's lock; `"read"`
+    after the rows of their key were read, before anything is decided from them. Does nothing."""
+
+
 def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePolicy | None) -> Resolved:
     """Answer `ids` (new requests, inside their enqueue's transaction) from the cache where a
     source exists; make those with an identical request in flight wait for it.
@@ -159,20 +165,30 @@ def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePol
     whole by the next, whose identical requests wait for its originals."""
     if not ids or policy is None:
         return NOTHING_RESOLVED
+    between_statements("inserted")
     dialect.serialize_cache(conn)
     max_age_days = policy.max_age_days
     age = -float(max_age_days if max_age_days is not None else NO_AGE_LIMIT_DAYS) * 86400.0
     # Per new request: its source, the first answer worth copying; else the original it waits
-    # for, the first identical request in flight before it or of another enqueue (so the first of
-    # several identical new requests is the others' original).
-    new, source, original, pools = set(ids), dict[int, int](), dict[int, int](), dict[int, str]()
-    found = conn.execute(_SAME_KEY, {"b_ids": ids, "b_age": age})
+    # for: the first identical request in flight of another enqueue, or, with none, the first
+    # identical new request before it (the first of several identical new requests is the
+    # others' original). Never one of this enqueue's own when another's exists: ids are taken at
+    # insert, so on PostgreSQL an enqueue that wrote first but resolves second has the lower ids,
+    # and its first copy of a question, itself waiting for the other's original, would be waited
+    # for by its second: a twin of a twin, released as an original once its own was answered.
+    new, source, pools = set(ids), dict[int, int](), dict[int, str]()
+    theirs, ours = dict[int, int](), dict[int, int]()
+    found = conn.execute(_SAME_KEY, {"b_ids": ids, "b_age": age}).all()
+    between_statements("read")
     for request_id, endpoint, other, is_source, in_flight in found:
         pools[request_id] = endpoint
         if is_source:
             source[request_id] = min(source.get(request_id, other), other)
-        elif in_flight and (other < request_id or other not in new):
-            original[request_id] = min(original.get(request_id, other), other)
+        elif in_flight and other not in new:
+            theirs[request_id] = min(theirs.get(request_id, other), other)
+        elif in_flight and other < request_id:
+            ours[request_id] = min(ours.get(request_id, other), other)
+    original = ours | theirs
     if source:
         rows = [{"id": i, "src": s} for i, s in sorted(source.items())]
         dialect.execute(conn, _HIT, HITS.bind(rows))

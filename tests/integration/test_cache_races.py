@@ -1,0 +1,105 @@
+"""The response cache's promise under forced races: one provider call per question however
+enqueues, claims and the writes that end originals interleave. Each test holds one enqueue
+between two of its statements (`ledger.store.cache.between_statements`) while the rest runs.
+
+On SQLite the held enqueue holds the file's only write lock, so nothing else writes until it
+commits: there the tests run the one order SQLite allows and check that it keeps the promise too."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from adapters.mock_provider import RunningMockProvider, running_mock_provider
+from ledger.api import Ledger
+from ledger.settings import Settings
+from ledger.store import cache
+from tests.integration.batch_helpers import batch_settings, requests_t, rows, run
+
+QUESTIONS = 3
+
+
+@pytest.fixture
+def mock() -> Iterator[RunningMockProvider]:
+    with running_mock_provider() as server:
+        yield server
+
+
+class HeldEnqueue:
+    """An enqueue run in a thread of its own and held at `point` (one of `between_statements`'
+    points) until `go`; every other enqueue passes the point."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, point: str, enqueue: Callable[[], Any]) -> None:
+        self.point, self.reached, self.released = point, threading.Event(), threading.Event()
+        self.failed: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, args=(enqueue,))
+        monkeypatch.setattr(cache, "between_statements", self._at)
+        self.thread.start()
+        assert self.reached.wait(timeout=30), f"the enqueue never reached {point!r}"
+
+    def _run(self, enqueue: Callable[[], Any]) -> None:
+        try:
+            enqueue()
+        except BaseException as exc:  # the test's thread says so
+            self.failed.append(exc)
+            self.reached.set()
+
+    def _at(self, point: str) -> None:
+        if point == self.point and threading.current_thread() is self.thread and not self.released.is_set():
+            self.reached.set()
+            assert self.released.wait(timeout=30), "the test never let the held enqueue go"
+
+    def go(self) -> None:
+        self.released.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive() and not self.failed, self.failed
+
+
+def question(i: int, key: str, marker: str = "") -> dict[str, Any]:
+    content = f"Rate answer {i}. End with VERDICT: <1-5>.{marker}"
+    return {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}], "idempotency_key": key}
+
+
+def each_question_twice(who: str) -> list[dict[str, Any]]:
+    """Every question twice in one call, under keys of their own: the second a twin of the first."""
+    return [question(i, f"{who}:{i}:{copy}") for i in range(QUESTIONS) for copy in range(2)]
+
+
+def enqueue(settings: Settings, specs: list[dict[str, Any]]) -> None:
+    with Ledger(settings=settings) as ledger:
+        ledger.enqueue_many(specs)
+
+
+def calls(mock: RunningMockProvider) -> int:
+    return int(mock.server.stats()["calls"])
+
+
+def ledger_rows(settings: Settings) -> list[dict[str, Any]]:
+    with Ledger(settings=settings) as ledger:
+        return rows(ledger.store, requests_t)
+
+
+def test_an_enqueue_that_wrote_first_but_resolved_second_makes_no_second_original(
+    db_url: str, mock: RunningMockProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two enqueues of the same questions, each question twice: the first writes its rows (the
+    lower ids) and is held before the cache's lock; the second writes, resolves and commits.
+    The first's requests must all wait for the second's originals, not for its own first copy
+    of each question (a twin that waits for a twin is released as an original once its
+    original is answered from the cache: a second call)."""
+    settings = batch_settings(db_url, mock, LEDGER_LEASE_SECONDS=2)
+    held = HeldEnqueue(monkeypatch, "inserted", lambda: enqueue(settings, each_question_twice("early")))
+    if db_url.startswith("postgresql"):
+        enqueue(settings, each_question_twice("late"))
+        held.go()
+    else:  # the held enqueue holds the write lock: the other can only follow it
+        held.go()
+        enqueue(settings, each_question_twice("late"))
+    run(settings)
+    assert calls(mock) == QUESTIONS
+    found = ledger_rows(settings)
+    assert len(found) == 4 * QUESTIONS and all(r["status"] == "completed" for r in found)
+    assert sum(1 for r in found if r["cached_from"] is None) == QUESTIONS
