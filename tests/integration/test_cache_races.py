@@ -103,3 +103,48 @@ def test_an_enqueue_that_wrote_first_but_resolved_second_makes_no_second_origina
     found = ledger_rows(settings)
     assert len(found) == 4 * QUESTIONS and all(r["status"] == "completed" for r in found)
     assert sum(1 for r in found if r["cached_from"] is None) == QUESTIONS
+
+
+def test_a_twin_of_an_original_that_failed_while_it_was_enqueued_waits_for_the_one_called_next(
+    db_url: str, mock: RunningMockProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An original and its twin; a third identical request's enqueue reads the original in flight
+    and is held there while the original fails (its twin becomes the original and is answered),
+    then commits waiting for the failed one, unseen by the write that ended it. It must be
+    answered from the twin that was called, not called a third time."""
+    settings = batch_settings(db_url, mock, LEDGER_LEASE_SECONDS=2, RETRY_MAX_ATTEMPTS=1)
+    failing_once = [question(0, f"first:{copy}", " [[mock:fail=400x1]]") for copy in range(2)]
+    enqueue(settings, failing_once)
+    late = [question(0, "late:0", " [[mock:fail=400x1]]")]
+    held = HeldEnqueue(monkeypatch, "read", lambda: enqueue(settings, late))
+    if db_url.startswith("postgresql"):
+        run(settings)  # the original fails, its twin is called and answered
+        assert calls(mock) == 2
+        held.go()
+    else:  # the held enqueue holds the write lock: the daemon can only follow it
+        held.go()
+    run(settings)
+    assert calls(mock) == 2
+    found = {r["idempotency_key"]: r for r in ledger_rows(settings)}
+    answered = found["first:1"]
+    assert found["first:0"]["status"] == "error" and answered["status"] == "completed"
+    assert (found["late:0"]["status"], found["late:0"]["cached_from"]) == ("completed", answered["id"])
+
+
+def test_a_question_asked_while_a_twin_waits_for_its_canceled_original_waits_for_that_twin(
+    db_url: str, mock: RunningMockProvider
+) -> None:
+    """A twin's original is canceled (a cancel settles no twin: the claim's sweep releases it as
+    the original). The same question enqueued before that sweep must wait for the released twin,
+    not become an original of its own and be called beside it."""
+    settings = batch_settings(db_url, mock, LEDGER_LEASE_SECONDS=2)
+    with Ledger(settings=settings) as ledger:
+        first = ledger.enqueue_many([question(0, f"first:{copy}") for copy in range(2)])
+        ledger.store.cancel(ids=[first.inserted_rows[0]["id"]])
+        again = ledger.enqueue_many([question(0, "again")])
+    run(settings)
+    assert calls(mock) == 1 and again.twins == 1
+    found = {r["idempotency_key"]: r for r in ledger_rows(settings)}
+    released = found["first:1"]
+    assert found["first:0"]["status"] == "canceled" and released["status"] == "completed"
+    assert (found["again"]["status"], found["again"]["cached_from"]) == ("completed", released["id"])
