@@ -160,10 +160,11 @@ class Resolved:
 NOTHING_RESOLVED = Resolved([], 0)
 
 
-def between_statements(point: str) -> None:
-    """Where a test holds one enqueue between its statements while others run (it replaces this
-    function): `"inserted"` after the new rows are written, before the cache's lock; `"read"`
-    after the rows of their key were read, before anything is decided from them. Does nothing."""
+def between_statements(point: str, conn: Connection) -> None:
+    """Where a test holds one enqueue (`conn` its transaction's connection) between its statements
+    while others run (it replaces this function): `"inserted"` after the new rows are written,
+    before the cache's lock; `"read"` after the rows of their key were read, before anything is
+    decided from them. Does nothing."""
 
 
 def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePolicy | None) -> Resolved:
@@ -174,7 +175,7 @@ def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePol
     whole by the next, whose identical requests wait for its originals."""
     if not ids or policy is None:
         return NOTHING_RESOLVED
-    between_statements("inserted")
+    between_statements("inserted", conn)
     dialect.serialize_cache(conn)
     max_age_days = policy.max_age_days
     age = -float(max_age_days if max_age_days is not None else NO_AGE_LIMIT_DAYS) * 86400.0
@@ -192,7 +193,7 @@ def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePol
     new, source, pools = set(ids), dict[int, int](), dict[int, str]()
     theirs, stranded, ours = dict[int, int](), dict[int, int](), dict[int, int]()
     found = conn.execute(_SAME_KEY, {"b_ids": ids, "b_age": age}).all()
-    between_statements("read")
+    between_statements("read", conn)
     for request_id, endpoint, other, is_source, in_flight, waiting in found:
         pools[request_id] = endpoint
         if is_source:

@@ -8,10 +8,13 @@ commits: there the tests run the one order SQLite allows and check that it keeps
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from ledger.api import Ledger
@@ -35,6 +38,7 @@ class HeldEnqueue:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, point: str, enqueue: Callable[[], Any]) -> None:
         self.point, self.reached, self.released = point, threading.Event(), threading.Event()
         self.failed: list[BaseException] = []
+        self.backends: dict[threading.Thread, int] = {}  # each enqueue's PostgreSQL backend (its pid)
         self.thread = threading.Thread(target=self._run, args=(enqueue,))
         monkeypatch.setattr(cache, "between_statements", self._at)
         self.thread.start()
@@ -47,7 +51,9 @@ class HeldEnqueue:
             self.failed.append(exc)
             self.reached.set()
 
-    def _at(self, point: str) -> None:
+    def _at(self, point: str, conn: Connection) -> None:
+        if point == "inserted" and conn.dialect.name == "postgresql":
+            self.backends[threading.current_thread()] = conn.connection.driver_connection.info.backend_pid
         if point == self.point and threading.current_thread() is self.thread and not self.released.is_set():
             self.reached.set()
             assert self.released.wait(timeout=30), "the test never let the held enqueue go"
@@ -148,3 +154,43 @@ def test_a_question_asked_while_a_twin_waits_for_its_canceled_original_waits_for
     released = found["first:1"]
     assert found["first:0"]["status"] == "canceled" and released["status"] == "completed"
     assert (found["again"]["status"], found["again"]["cached_from"]) == ("completed", released["id"])
+
+
+def until(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    """Poll `condition` until it holds (a deadline, not a sleep as synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
+
+
+def waits_for_a_lock(settings: Settings, backend: int) -> bool:
+    """Whether the PostgreSQL backend `backend` waits for an advisory lock."""
+    query = text("SELECT count(*) FROM pg_locks WHERE pid = :pid AND locktype = 'advisory' AND NOT granted")
+    with Ledger(settings=settings) as ledger, ledger.store.engine.connect() as conn:
+        return bool(conn.execute(query, {"pid": backend}).scalar_one())
+
+
+def test_an_enqueue_that_waited_for_the_caches_lock_sees_what_its_holder_committed(
+    db_url: str, mock: RunningMockProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One enqueue holds the cache's lock (held after reading its questions' rows); another writes
+    the same questions and waits for the lock. Once the first commits, the second's read must see
+    its originals: read in a statement of its own after the lock was granted, never in the one
+    that waited (PostgreSQL's READ COMMITTED takes a statement's snapshot when it starts)."""
+    settings = batch_settings(db_url, mock, LEDGER_LEASE_SECONDS=2)
+    holder = HeldEnqueue(monkeypatch, "read", lambda: enqueue(settings, each_question_twice("holder")))
+    if db_url.startswith("postgresql"):
+        waiter = threading.Thread(target=enqueue, args=(settings, each_question_twice("waiter")))
+        waiter.start()
+        until(lambda: waiter in holder.backends, "the other enqueue wrote its rows")  # next, the lock
+        until(lambda: waits_for_a_lock(settings, holder.backends[waiter]), "it waited for the cache's lock")
+        holder.go()
+        waiter.join(timeout=30)
+    else:  # the held enqueue holds the write lock: the other can only follow it
+        holder.go()
+        enqueue(settings, each_question_twice("waiter"))
+    run(settings)
+    assert calls(mock) == QUESTIONS
+    found = ledger_rows(settings)
+    assert len(found) == 4 * QUESTIONS and sum(1 for r in found if r["cached_from"] is None) == QUESTIONS
