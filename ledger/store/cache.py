@@ -280,16 +280,19 @@ def _repointed() -> Any:
         .limit(1)
         .scalar_subquery()
     )
+    # The other request is looked up (SET) only for the few twins the WHERE keeps: in the WHERE,
+    # it would be looked up for every waiting twin before the join to its original filtered them.
+    # A twin it finds none for keeps its original (and is released next, or waits for the twin
+    # it waits for to be released).
     return (
         update(requests)
         .where(
             _r.twin_of.is_not(None),
             _o.id == _r.twin_of,
             unindexed(_r.status) == QUEUED,
-            not_(or_(and_(_in_flight(_o), _o.twin_of.is_(None)), _is_source(_o))),
-            better.is_not(None),
+            not_(or_(and_(_in_flight(_o, unindexed), _o.twin_of.is_(None)), _is_source(_o))),
         )
-        .values(twin_of=better, updated_at=db_now())
+        .values(twin_of=func.coalesce(better, _r.twin_of), updated_at=db_now())
     )
 
 
@@ -305,7 +308,7 @@ _SWEEP = (_repointed(), _answered(true()), _released(lambda _: true()))
 def sweep_twins(conn: Connection) -> int:
     """Every waiting twin whose original has ended: answered from it; or, when it ended without
     an answer, made to wait for another original of its question (or answered from a newer
-    source) where there is one, else released. Returns how many twins it changed."""
+    source) where there is one, else released. Returns how many twins its statements wrote."""
     return sum(int(conn.execute(stmt).rowcount or 0) for stmt in _SWEEP)
 
 
