@@ -187,6 +187,7 @@ def test_an_enqueue_that_waited_for_the_caches_lock_sees_what_its_holder_committ
         until(lambda: waits_for_a_lock(settings, holder.backends[waiter]), "it waited for the cache's lock")
         holder.go()
         waiter.join(timeout=30)
+        assert not waiter.is_alive()
     else:  # the held enqueue holds the write lock: the other can only follow it
         holder.go()
         enqueue(settings, each_question_twice("waiter"))
