@@ -11,12 +11,16 @@ off at its token limit. Every statement here keeps to that definition (`_is_sour
   source, cost 0, tokens kept as the answer's); one that has no source but an identical request
   in flight (queued, running or submitted, not itself waiting) waits for it (`twin_of`), and is
   never claimed meanwhile (every claim and batch selection leaves out `twin_of IS NOT NULL`).
+  Which one it waits for is chosen so that a question has one original in flight, whatever the
+  order of enqueues (`resolve`).
 - When an original ends, in the transaction that records it (`TWINS_ANSWERED`, `TWINS_RELEASED`,
   run by the group commit and by batch mapping): its twins complete from it as cache hits; or,
   when it ended without a source's answer (error, canceled, cut off), the first of its twins
   becomes the original and the others wait for that one.
 - The claim's periodic sweep (`sweep_twins`) settles twins whose original ended in a way the
-  statements above did not see (a cancel, a race with an enqueue on PostgreSQL).
+  statements above did not see (a cancel, a race with an enqueue on PostgreSQL): answered; made
+  to wait for the question's other original (or answered from its newer source) where there is
+  one; else released.
 
 A twin's answer is copied with its parsed fields only when both parse alike (`parse`); an
 enqueue's twin is found among requests that parse alike for the same reason.
@@ -106,6 +110,11 @@ _SAME_KEY = (
         _cand.c.id,
         and_(_is_source(_cand.c), _cand.c.completed_at >= db_now_plus(bindparam("b_age"))),
         and_(_in_flight(_cand.c, unindexed), _cand.c.twin_of.is_(None), _cand.c.parse.is_not_distinct_from(_n.c.parse)),
+        and_(
+            unindexed(_cand.c.status) == QUEUED,
+            _cand.c.twin_of.is_not(None),
+            _cand.c.parse.is_not_distinct_from(_n.c.parse),
+        ),
     )
     .select_from(_n.join(_cand, _cand.c.cache_key == _n.c.cache_key))
     .where(
@@ -151,6 +160,13 @@ class Resolved:
 NOTHING_RESOLVED = Resolved([], 0)
 
 
+def between_statements(point: str, conn: Connection) -> None:
+    """Where a test holds one enqueue (`conn` its transaction's connection) between its statements
+    while others run (it replaces this function): `"inserted"` after the new rows are written,
+    before the cache's lock; `"read"` after the rows of their key were read, before anything is
+    decided from them. Does nothing."""
+
+
 def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePolicy | None) -> Resolved:
     """Answer `ids` (new requests, inside their enqueue's transaction) from the cache where a
     source exists; make those with an identical request in flight wait for it.
@@ -159,20 +175,36 @@ def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePol
     whole by the next, whose identical requests wait for its originals."""
     if not ids or policy is None:
         return NOTHING_RESOLVED
+    between_statements("inserted", conn)
     dialect.serialize_cache(conn)
     max_age_days = policy.max_age_days
     age = -float(max_age_days if max_age_days is not None else NO_AGE_LIMIT_DAYS) * 86400.0
-    # Per new request: its source, the first answer worth copying; else the original it waits
-    # for, the first identical request in flight before it or of another enqueue (so the first of
-    # several identical new requests is the others' original).
-    new, source, original, pools = set(ids), dict[int, int](), dict[int, int](), dict[int, str]()
-    found = conn.execute(_SAME_KEY, {"b_ids": ids, "b_age": age})
-    for request_id, endpoint, other, is_source, in_flight in found:
+    # Per new request: its source, the first answer worth copying; else the request it waits for,
+    # the first of these that exists:
+    # - an identical original in flight of another enqueue (committed: the only uncommitted rows
+    #   this transaction sees are its own). Never one of this enqueue's own when another's exists:
+    #   ids are taken at insert, so on PostgreSQL an enqueue that wrote first but resolves second
+    #   has the lower ids, and its second copy of a question would wait for its first, itself a
+    #   twin: released as an original once the first was answered from the cache, a second call;
+    # - an identical twin whose original ended unseen (a cancel: were its original in flight, it
+    #   would be the one above): the sweep makes it the original or finds it another, and this
+    #   request follows it; made an original of its own, it would be called beside it;
+    # - the first identical new request before it (the first of several is the others' original).
+    new, source, pools = set(ids), dict[int, int](), dict[int, str]()
+    theirs, stranded, ours = dict[int, int](), dict[int, int](), dict[int, int]()
+    found = conn.execute(_SAME_KEY, {"b_ids": ids, "b_age": age}).all()
+    between_statements("read", conn)
+    for request_id, endpoint, other, is_source, in_flight, waiting in found:
         pools[request_id] = endpoint
         if is_source:
             source[request_id] = min(source.get(request_id, other), other)
-        elif in_flight and (other < request_id or other not in new):
-            original[request_id] = min(original.get(request_id, other), other)
+        elif in_flight and other not in new:
+            theirs[request_id] = min(theirs.get(request_id, other), other)
+        elif waiting:
+            stranded[request_id] = min(stranded.get(request_id, other), other)
+        elif in_flight and other < request_id:
+            ours[request_id] = min(ours.get(request_id, other), other)
+    original = ours | stranded | theirs
     if source:
         rows = [{"id": i, "src": s} for i, s in sorted(source.items())]
         dialect.execute(conn, _HIT, HITS.bind(rows))
@@ -227,18 +259,56 @@ def _released(twins: Callable[[Any], ColumnElement[bool]]) -> Any:
     )
 
 
+def _repointed() -> Any:
+    """Twins whose original is neither an original in flight nor a source (it ended without an
+    answer unseen by the statement that ended it, or it is itself waiting or a copy) but whose
+    question has one: they wait for that one instead, a source first (which `_answered` then
+    copies), rather than be released as an original and called beside it. A source counts only
+    when answered after the twin was made: an older one was no hit for it (the cache's age limit)."""
+    other = requests.alias("other")
+    source = and_(_is_source(other.c), other.c.completed_at >= _r.created_at)
+    better = (
+        select(other.c.id)
+        .where(
+            other.c.cache_key == _r.cache_key,
+            other.c.id != _r.id,
+            other.c.parse.is_not_distinct_from(_r.parse),
+            or_(source, and_(_in_flight(other.c, unindexed), other.c.twin_of.is_(None))),
+        )
+        # What is completed here is a source (SQLite's ORDER BY cannot name the outer row).
+        .order_by(case((unindexed(other.c.status) == COMPLETED, 0), else_=1), other.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    # The other request is looked up (SET) only for the few twins the WHERE keeps: in the WHERE,
+    # it would be looked up for every waiting twin before the join to its original filtered them.
+    # A twin it finds none for keeps its original (and is released next, or waits for the twin
+    # it waits for to be released).
+    return (
+        update(requests)
+        .where(
+            _r.twin_of.is_not(None),
+            _o.id == _r.twin_of,
+            unindexed(_r.status) == QUEUED,
+            not_(or_(and_(_in_flight(_o, unindexed), _o.twin_of.is_(None)), _is_source(_o))),
+        )
+        .values(twin_of=func.coalesce(better, _r.twin_of), updated_at=db_now())
+    )
+
+
 # Run with the outcomes they follow (hot statements: `ENDED.bind([{"id": ...}, ...])`).
 TWINS_ANSWERED = _answered(ENDED.match(_r.twin_of)).returning(_r.id, _r.cached_from)
 # Whether any request waits for a twin at all: one probe of `twin_of`'s partial index (an empty
 # index when nobody waits), which spares a batch's every chunk the two statements above.
 ANY_TWIN = select(_r.id).where(_r.twin_of.is_not(None)).limit(1)
 TWINS_RELEASED = _released(ENDED.match)
-_SWEEP = (_answered(true()), _released(lambda _: true()))
+_SWEEP = (_repointed(), _answered(true()), _released(lambda _: true()))
 
 
 def sweep_twins(conn: Connection) -> int:
-    """Every waiting twin whose original has ended: answered from it, or released. Returns how
-    many twins it changed."""
+    """Every waiting twin whose original has ended: answered from it; or, when it ended without
+    an answer, made to wait for another original of its question (or answered from a newer
+    source) where there is one, else released. Returns how many twins its statements wrote."""
     return sum(int(conn.execute(stmt).rowcount or 0) for stmt in _SWEEP)
 
 
