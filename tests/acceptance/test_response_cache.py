@@ -1,13 +1,11 @@
 """The response cache with real processes: twins across two daemons on PostgreSQL, enqueued by two
-processes at once, by four at one instant beside three that keep enqueueing, and a daemon killed
-while a twin's original is in flight."""
+processes at once, and a daemon killed while a twin's original is in flight."""
 
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from sqlalchemy import text
@@ -71,77 +69,6 @@ def test_twins_across_two_daemons_and_two_enqueues_on_postgresql_make_one_call_e
     assert stats["calls"] == 10 and stats["max_in_flight"] == 10
     assert counts["completed"] == sum(counts.values()) == 20 and hits == 10 and chained == 0
     assert sum(int(s.split("enqueued 10 request(s)")[1].startswith(", 10 waiting")) for s in said) == 1
-
-
-# Seven processes that enqueue through the Python API, forked from one (a Python start each would
-# take longer than the race): at one instant (a barrier), four `burst` (each of the first 12
-# questions twice in one call) and three `keep` (the first 24 questions every 50 ms for 3 s), under
-# keys of their own. The parent says `burst done` when the four have committed.
-ENQUEUERS = """
-import multiprocessing, sys, time
-from ledger.api import Ledger
-
-def question(i, key):
-    content = f"Question {i}. End with VERDICT: <1-5>."
-    return {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}], "idempotency_key": key}
-
-def enqueue(who, barrier):
-    with Ledger() as ledger:
-        barrier.wait()
-        if who.startswith("burst"):
-            ledger.enqueue_many([question(i, f"{who}:{i}:{copy}") for i in range(12) for copy in range(2)])
-            return
-        end, round = time.monotonic() + 3, 0
-        while time.monotonic() < end:
-            ledger.enqueue_many([question(i, f"{who}:{round}:{i}") for i in range(24)])
-            round += 1
-            time.sleep(0.05)
-
-if __name__ == "__main__":
-    fork = multiprocessing.get_context("fork")
-    barrier = fork.Barrier(8)
-    burst = [fork.Process(target=enqueue, args=(f"burst{i}", barrier)) for i in range(4)]
-    keep = [fork.Process(target=enqueue, args=(f"keep{i}", barrier)) for i in range(3)]
-    for process in [*burst, *keep]:
-        process.start()
-    barrier.wait()
-    for process in burst:
-        process.join()
-    print("burst done", flush=True)
-    for process in keep:
-        process.join()
-    sys.exit(max(process.exitcode or 0 for process in [*burst, *keep]))
-"""
-
-
-def test_four_enqueues_at_one_instant_beside_three_that_keep_enqueueing_make_one_call_per_question(
-    pg_url: str, tmp_path: Path
-) -> None:
-    """Four processes enqueue the same 12 questions at one instant, each question twice in the
-    call; two daemons start right after, while three more processes enqueue those 12 and 12 others
-    every 50 ms for 3 s. 24 questions: 24 calls, however the enqueues interleave."""
-    Store(pg_url).close()  # the schema, made before seven processes look for it at once
-    with mock_provider("--latency", "0.5", "--jitter", "0.6") as mock:
-        env = ledger_env(pg_url, mock, MAX_CONCURRENT_LLM_CALLS=24, LEDGER_POLL_INTERVAL=0.05, LEDGER_LEASE_SECONDS=4)
-        command = [sys.executable, "-c", ENQUEUERS]
-        said = tmp_path / "enqueuers.log"
-        with said.open("w") as sink:
-            enqueuers = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=sink, text=True)
-        assert enqueuers.stdout is not None and enqueuers.stdout.readline() == "burst done\n", said.read_text()
-        daemons = [start_daemon(env, tmp_path / f"d{i}.log", "--worker-id", f"daemon-{i}") for i in range(2)]
-        assert enqueuers.wait(timeout=60) == 0, said.read_text()
-        wait_for(lambda: _all_completed(cached_pairs(pg_url)[0]), timeout=30)
-        stats = mock.stats()
-        for daemon in daemons:
-            daemon.send_signal(signal.SIGTERM)
-            assert daemon.wait(timeout=30) == 0
-    counts, hits, chained = cached_pairs(pg_url)
-    assert stats["calls"] == 24 and chained == 0
-    assert hits == counts["completed"] - 24
-
-
-def _all_completed(counts: dict[str, int]) -> bool:
-    return counts["completed"] == sum(counts.values())
 
 
 def test_a_daemon_killed_while_a_twins_original_is_in_flight_costs_one_call_more(db_url: str, tmp_path: Path) -> None:
