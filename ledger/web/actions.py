@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ledger.web.app import Web, plain, segment
+from ledger.web.base import Web, plain
+from ledger.web.formats import segment
 from ledger.web.security import host_name
 
 READ_ONLY = "read-only: start `ledger web --allow-actions` to cancel jobs and batches or resume pools\n"

@@ -19,7 +19,7 @@ from ledger.jobs import job_duration_s, job_spec
 from ledger.scores import cell_summary, cell_text, cells_of, disagree
 from ledger.statuses import JobStatus
 from ledger.store.browse import JOB_ROWS
-from ledger.web.app import Web
+from ledger.web.base import Web
 from ledger.web.pages_overview import JOBS_SUMMED
 
 # How long `/jobs` shows the progress of an ended job with requests still in flight (a canceled

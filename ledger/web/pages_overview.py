@@ -11,7 +11,7 @@ from starlette.routing import BaseRoute, Route
 
 from ledger.statuses import RequestStatus
 from ledger.store.browse import Count, PoolView
-from ledger.web.app import Web, int_param, plain
+from ledger.web.base import Web, int_param, plain
 from ledger.web.spend import WINDOWS
 
 # Running jobs whose progress a list page sums (each a read of up to 50,000 of its requests);

@@ -17,7 +17,8 @@ from adapters.base import FINISH_REASONS
 from adapters.registry import PROVIDER_NAMES
 from ledger.statuses import Delivery, RequestStatus
 from ledger.store.browse import ROW_COLUMNS, RequestFilter
-from ledger.web.app import Web, int_param, plain, redact
+from ledger.web.base import Web, int_param, plain
+from ledger.web.formats import redact
 
 TEXT_FILTERS = ("status", "job", "pool", "provider", "model", "delivery", "finish_reason", "q")
 FLAG_FILTERS = ("parse_error", "had_429")

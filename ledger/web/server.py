@@ -17,7 +17,8 @@ from typing import Any
 
 from ledger.settings import Settings
 from ledger.store import Store
-from ledger.web.app import WebConfig, create_app
+from ledger.web.app import create_app
+from ledger.web.base import WebConfig
 from ledger.web.live import Live
 from ledger.web.security import allowed_hosts, is_loopback
 

@@ -326,7 +326,7 @@ def test_the_overview_counts_requests_by_pool_and_status(
 
 
 def test_secret_looking_keys_are_hidden_and_token_counts_are_not() -> None:
-    from ledger.web.app import pretty
+    from ledger.web.formats import pretty
 
     shown = pretty(
         {"max_tokens": 5, "extra_headers": {"Authorization": "Bearer sk-1", "x-api-key": "sk-2"}, "api_key": "sk-3"}
