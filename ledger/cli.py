@@ -16,7 +16,18 @@ import typer
 from rich.table import Table
 
 from ledger.cli_jobs import register_job_commands
-from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
+from ledger.console import (
+    err,
+    fail,
+    json_default,
+    open_ledger,
+    open_store,
+    operator_errors,
+    out,
+    require_ledger,
+    settings_or_exit,
+    text_of,
+)
 from ledger.enqueue import Defaults
 from ledger.settings import Settings
 from ledger.statuses import Delivery, RequestStatus
@@ -114,7 +125,7 @@ def list_requests(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """List requests with their status, attempts, last status code and usage."""
-    store = open_store(settings_or_exit())
+    store = open_ledger(settings_or_exit())
     rows = store.list_requests(status=status.value if status else None, job_id=job, limit=limit)
     if as_json:
         for row in rows:
@@ -142,7 +153,7 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show one request with all its attempts."""
-    store = open_store(settings_or_exit())
+    store = open_ledger(settings_or_exit())
     found = store.get_request(request_id)
     if found is None:
         fail(f"no request with id {request_id}", code=1)
@@ -247,7 +258,7 @@ def export(
     full: Annotated[bool, typer.Option("--full", help="Add `response`: the provider's body as received.")] = False,
 ) -> None:
     """Export results as JSONL: custom_id, status, output, tool calls, finish reason, parsed fields, usage, cost."""
-    store = open_store(settings_or_exit())
+    store = open_ledger(settings_or_exit())
     target = out_file.open("w", encoding="utf-8") if out_file else sys.stdout
     count = 0
     try:
@@ -317,7 +328,7 @@ def status(
     from ledger.cli_jobs import job_status, print_job_status
 
     settings = settings_or_exit()
-    store = open_store(settings)
+    store = open_ledger(settings)
     counts = store.status_counts(job)
     usage = store.pool_usage()
     busy = sum(u["running"] for u in usage.values())
@@ -388,7 +399,7 @@ def resume_pool(
     pool: Annotated[str, typer.Argument(help="The pool (provider:model, as `ledger status` names it).")],
 ) -> None:
     """Lift a pool's pause (its provider said the quota or balance was spent) at once."""
-    store = open_store(settings_or_exit())
+    store = open_ledger(settings_or_exit())
     with operator_errors():
         resumed = store.resume_pool(pool)
     if not resumed:
@@ -413,7 +424,7 @@ def cancel(
     if not request_ids and not job and batch is None:
         fail("give request ids, --job or --batch")
     settings = settings_or_exit()
-    store = open_store(settings)
+    store = open_ledger(settings)
     if batch is not None and store.get_batch(batch) is None:
         fail(f"no batch with id {batch}", code=1)
     if job and store.cancel_job(job):
@@ -439,7 +450,7 @@ def batches(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """List provider batch jobs: status (ledger's and provider's), requests, failures, age, cost."""
-    store = open_store(settings_or_exit())
+    store = open_ledger(settings_or_exit())
     found = store.list_batches(limit)
     if as_json:
         for b in found:
@@ -551,6 +562,7 @@ def web(
     from ledger.web.server import WebRefused, serve
 
     settings = settings_or_exit()
+    require_ledger(settings)
     try:
         with operator_errors():
             serve(settings, host=host, port=port, allow_actions=allow_actions, token=settings.web_token or None)
