@@ -9,7 +9,6 @@ the poll interval passes (slots freed by other daemons are seen by polling).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -123,8 +122,13 @@ class Scheduler:
     async def warm_adapters(self) -> None:
         """Build the adapters the queued work needs before the first claim, so no slot waits on an import."""
         for provider in sorted(await self.ctx.lane.run(self.ctx.store.online_providers)):
-            with contextlib.suppress(ValueError):  # misconfigured: its requests fail with the reason when claimed
+            try:
                 await self.adapter_for(provider)
+            except ValueError as exc:  # misconfigured: said once here; its requests end with the reason when claimed
+                LOG.error(
+                    "provider not configured: its requests end config_error",
+                    extra={"details": {"provider": provider, "error": str(exc)}},
+                )
 
     async def close_adapters(self) -> None:
         for adapter in self._adapters.values():
