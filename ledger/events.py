@@ -227,11 +227,13 @@ def batch_submitted(
 
 def quota_exhausted(pool: str, provider: str, reason: str, until: Any) -> None:
     """A pool paused: its provider said the account's quota or balance is spent. One line per
-    pause (not per request): no request of the pool is claimed until `until`, then one probes."""
+    pause (not per request): no request of the pool is claimed until `until`, then one probes.
+    The line says its level, as `failed` does: an operator's alerting keys on ERROR."""
     _emit(
         logging.ERROR,
         {
             "event": "quota_exhausted",
+            "level": "ERROR",
             "pool": pool,
             "provider": provider,
             "reason": reason,
