@@ -8,6 +8,7 @@ traceback.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,6 +17,7 @@ import typer
 from rich.table import Table
 
 from ledger.cli_jobs import register_job_commands
+from ledger.cli_mock import register_mock_command
 from ledger.console import (
     err,
     fail,
@@ -39,6 +41,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's plain help: a flag reads `--json`, where Typer's rich panels print `--json <bool>`
+    # (as if it took a value) for every flag, --help included.
+    rich_markup_mode=None,
 )
 
 
@@ -60,10 +65,8 @@ def enqueue(
     file: Annotated[
         Path,
         typer.Argument(
-            help="JSONL: OpenAI Batch input lines or bare chat request bodies.",
-            exists=True,
-            dir_okay=False,
-            readable=True,
+            help="JSONL: OpenAI Batch input lines or bare chat request bodies ('-': standard input).",
+            show_default=False,
         ),
     ],
     provider: Annotated[
@@ -92,8 +95,11 @@ def enqueue(
     with a different body (in the file or in the ledger), exits 2 naming FILE:LINE.
     """
     from ledger.api import announce
+    from ledger.enqueue import STDIN
     from ledger.intake import enqueue_file
 
+    if file != STDIN and not file.is_file():
+        fail(f"{file}: {'is a directory, not a file' if file.is_dir() else 'no such file'}")
     settings = settings_or_exit()
     configure_logs(settings)
     store = open_store(settings)
@@ -178,7 +184,7 @@ def show(
     if lineage["sources"] or lineage["built_from_it"]:
         out.print(f"sources: {', '.join(map(str, lineage['sources'])) or '-'}", highlight=False)
         out.print(f"built from it: {', '.join(map(str, lineage['built_from_it'])) or '-'}", highlight=False)
-    table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in s", "started", "worker", "batch")
+    table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in", "started", "worker", "batch")
     for a in attempts:
         table.add_row(
             str(a["attempt"]),
@@ -186,7 +192,7 @@ def show(
             text_of(a["status_code"]),
             text_of(a["error_code"]),
             text_of(a["latency_ms"]),
-            text_of(a["retry_delay_s"]),
+            "" if a["retry_delay_s"] is None else f"{a['retry_delay_s']:.1f} s",
             text_of(a["started_at"]),
             text_of(a["worker"]),
             text_of(a["batch_id"]),
@@ -390,7 +396,9 @@ def status(
             )
 
 
-pools_app = typer.Typer(help="Endpoint pools: what holds them back, and lifting a pause.", no_args_is_help=True)
+pools_app = typer.Typer(
+    help="Endpoint pools: what holds them back, and lifting a pause.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(pools_app, name="pools")
 
 
@@ -571,22 +579,7 @@ def web(
         raise typer.Exit(2) from None
 
 
-@app.command(
-    "mock-provider",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    add_help_option=False,
-)
-def mock_provider(ctx: typer.Context) -> None:
-    """Serve a mock OpenAI + Anthropic provider (chat, messages, files, batches) for keyless runs.
-
-    Flags (see --help): --port, --host, --latency, --jitter, --max-concurrency, --rpm, --rpm-window,
-    --fault-rate CODE=RATE, --seed, and the batch faults --batch-latency,
-    --batch-finalize-seconds, --batch-create-stall, --batch-results-stall,
-    --batch-expire-rate, --batch-fail-rate, --batch-line-error-rate.
-    """
-    from adapters.mock_provider import main as serve
-
-    raise typer.Exit(serve(list(ctx.args)))
+register_mock_command(app)
 
 
 @app.command()
@@ -630,17 +623,13 @@ def demo(
     out.print(table)
     settings = settings_or_exit(LEDGER_DATABASE_URL=f"sqlite:///{summary['database']}")
     print_scores(open_store(settings), summary["job_id"])
-    out.print(
-        f"ledger: {summary['database']}  (try: ledger report {summary['job_id']}, ledger requests, ledger show 1)",
-        highlight=False,
-        soft_wrap=True,
-    )
-    out.print(
-        f"see it in a browser: LEDGER_DATABASE_URL=sqlite:///{Path(summary['database']).resolve()} ledger web",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
-    )
+    # Commands that read the demo's ledger as shown, from any directory (not ./ledger.db).
+    url = f"sqlite:///{Path(summary['database']).resolve()}"
+    on_it = f"LEDGER_DATABASE_URL={shlex.quote(url)}"
+    out.print(f"ledger: {summary['database']}; read it with:", highlight=False, soft_wrap=True)
+    for command in (f"ledger report {summary['job_id']}", "ledger requests", "ledger show 1"):
+        out.print(f"  {on_it} {command}", highlight=False, markup=False, soft_wrap=True)
+    out.print(f"see it in a browser: {on_it} ledger web", highlight=False, markup=False, soft_wrap=True)
 
 
 def _scale_demo(workdir: Path, daemons: int, limit: int, latency: float, kill_one: bool) -> None:
