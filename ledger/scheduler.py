@@ -156,7 +156,7 @@ class Scheduler:
         announce = events.wanted(logging.INFO)
         for i, request in enumerate(claim.requests, start=1):
             if announce:
-                events.acquired(request.id, request.agent, request.dimension, first + i)
+                events.acquired(request, first + i)
             self._start(tg, request, claim.leased_at)
         return len(claim.requests)
 
@@ -247,9 +247,7 @@ class Scheduler:
         except ValueError as exc:  # e.g. a provider with no base URL configured
             failure = AttemptFailure(None, "config_error", str(exc), 0)
             if await self.ctx.recorder.submit(Failed(request, request.attempt, failure)) is Written.APPLIED:
-                events.failed(
-                    request.id, request.agent, request.dimension, None, "config_error", str(exc), request.attempt, 0.0
-                )
+                events.failed(request, None, "config_error", str(exc), request.attempt, 0.0)
             return
         await execute(request, adapter, self.ctx, scope, lambda: self.leases.may_call((request.id, request.token)))
 
