@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 import json.scanner
 import math
+import os
 import re
+import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
@@ -210,7 +213,52 @@ def sdk_errors(
     except sdk.APITimeoutError:
         raise ProviderError("request timed out", retryable=True, code="timeout") from None
     except sdk.APIConnectionError as exc:
-        raise ProviderError(f"connection error: {exc}", retryable=True, code="connection_error") from None
+        raise ProviderError(connection_failure(exc), retryable=True, code="connection_error") from None
+
+
+def connection_failure(exc: BaseException) -> str:
+    """`connection error: cannot connect to URL (connection refused)`: where the call went and
+    why it failed, from the exception and its causes (the SDKs' own message is only
+    "Connection error."). The URL is kept without its query and user part, and no header is
+    read: the message is stored with the attempt, and a key must never be."""
+    request = None
+    with suppress(RuntimeError, AttributeError):  # httpx raises RuntimeError for an exception without one
+        request = exc.request  # type: ignore[attr-defined]
+    url = _url_shown(str(request.url)) if request is not None else None
+    chain, seen = [], set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    reason = _connection_reason(chain[1:] or chain)
+    connecting = any(type(c).__name__ == "ConnectError" for c in chain)
+    if url is None:
+        return f"connection error: {reason}"
+    if connecting:
+        return f"connection error: cannot connect to {url} ({reason})"
+    return f"connection error: {url}: {reason}"
+
+
+def _url_shown(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit((parts.scheme, f"{host}{port}", parts.path, "", ""))
+
+
+def _connection_reason(chain: list[BaseException]) -> str:
+    """The deepest cause that says something: an OS error by its errno's words (`connection
+    refused`), a name that did not resolve, or the last message given."""
+    for cause in reversed(chain):
+        if isinstance(cause, socket.gaierror):
+            return f"host not found: {cause.strerror or cause}"
+        if isinstance(cause, OSError) and cause.errno:
+            return os.strerror(cause.errno).lower()
+    said = [" ".join(str(c).split()) for c in chain if str(c).strip()]
+    return said[-1] if said else type(chain[-1]).__name__
 
 
 async def nonblank_lines(opened: AbstractAsyncContextManager[Any]) -> AsyncGenerator[bytes, None]:

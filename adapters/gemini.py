@@ -33,6 +33,7 @@ from adapters.base import (
     ProviderError,
     RateLimits,
     classify_status,
+    connection_failure,
     json_body,
     malformed,
     raise_error_in_body,
@@ -108,7 +109,7 @@ def gemini_errors() -> Iterator[None]:
     except (httpx.TimeoutException, httpx2.TimeoutException):
         raise ProviderError("request timed out", retryable=True, code="timeout") from None
     except (httpx.TransportError, httpx2.TransportError) as exc:
-        raise ProviderError(f"connection error: {exc}", retryable=True, code="connection_error") from None
+        raise ProviderError(connection_failure(exc), retryable=True, code="connection_error") from None
 
 
 def gemini_failure(code: int, status: str | None, message: str, body: Any, headers: Any = None) -> ProviderError:

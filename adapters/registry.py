@@ -7,6 +7,7 @@ never imports an SDK.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from adapters.base import Adapter, BatchAdapter
@@ -19,10 +20,49 @@ BATCH_PROVIDERS = frozenset({"openai", "anthropic", "azure", "gemini"})
 # (BATCHING_ENABLED) asks them for every dimension at once; the others get one request
 # per dimension (seed 000 FR-004). Matches each adapter's `supports_structured_output`.
 STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "azure", "gemini", "mock"})
+# The providers' own endpoints, which refuse a call without a key: (the key's variable, the base
+# URL's variable, the host the SDK calls when that is unset). Azure's are the resource hosts
+# under these domains.
+_KEYED_HOSTS = {
+    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "api.openai.com"),
+    "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "api.anthropic.com"),
+    "gemini": ("GOOGLE_API_KEY or GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "generativelanguage.googleapis.com"),
+}
+_AZURE_DOMAINS = (".azure.com", ".azure.us", ".azure.cn")
+
+
+def missing_key(provider: str, settings: Settings) -> str | None:
+    """Why `provider` cannot be called for want of an API key (one line naming the variable), or
+    None. A key is required only where the provider's own endpoint would be called: its default
+    host, or a base URL naming that host (for Azure, a resource under Azure's domains). A base URL
+    elsewhere (the mock provider, a proxy, a local server) may need none, as may
+    `openai-compatible` and `mock`; without a key the SDK would send a placeholder that the
+    provider refuses, which used to end as network errors naming nothing."""
+    if provider == "azure":
+        host = urlsplit(settings.azure_endpoint or "").hostname or ""
+        if settings.azure_api_key or not host.endswith(_AZURE_DOMAINS):
+            return None
+        return f"AZURE_OPENAI_API_KEY is not set: provider 'azure' calls {host}, which needs it"
+    if provider not in _KEYED_HOSTS:
+        return None
+    key_variable, url_variable, default_host = _KEYED_HOSTS[provider]
+    key, base_url = {
+        "openai": (settings.openai_api_key, settings.openai_base_url),
+        "anthropic": (settings.anthropic_api_key, settings.anthropic_base_url),
+        "gemini": (gemini_key(settings), settings.gemini_base_url),
+    }[provider]
+    host = (urlsplit(base_url).hostname or "") if base_url else default_host
+    if key or host != default_host:
+        return None
+    return f"{key_variable} is not set: provider {provider!r} calls {host}, which needs it (or set {url_variable})"
 
 
 def make_adapter(provider: str, settings: Settings) -> Adapter:
-    """A ready adapter for `provider`, configured from settings (keys never leave it)."""
+    """A ready adapter for `provider`, configured from settings (keys never leave it). Raises
+    ValueError (one line) when a setting it needs is missing: its key, its endpoint."""
+    missing = missing_key(provider, settings)
+    if missing is not None:
+        raise ValueError(missing)
     if provider == "openai":
         from adapters.openai import OpenAIAdapter
 

@@ -222,10 +222,4 @@ def announce(result: EnqueueResult) -> None:
         return
     first_depth = result.queue_depth - len(rows)
     for i, row in enumerate(rows, start=1):
-        trace = row.get("trace") or {}
-        events.queueing(
-            row["id"],
-            str(trace.get("agent", "")),
-            str(trace.get("dimension", row["idempotency_key"])),
-            first_depth + i,
-        )
+        events.queueing(row["id"], row.get("trace"), row["idempotency_key"], first_depth + i)

@@ -8,6 +8,7 @@ traceback.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,7 +17,19 @@ import typer
 from rich.table import Table
 
 from ledger.cli_jobs import register_job_commands
-from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
+from ledger.cli_mock import register_mock_command
+from ledger.console import (
+    err,
+    fail,
+    json_default,
+    open_ledger,
+    open_store,
+    operator_errors,
+    out,
+    require_ledger,
+    settings_or_exit,
+    text_of,
+)
 from ledger.enqueue import Defaults
 from ledger.settings import Settings
 from ledger.statuses import Delivery, RequestStatus
@@ -28,6 +41,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's plain help: a flag reads `--json`, where Typer's rich panels print `--json <bool>`
+    # (as if it took a value) for every flag, --help included.
+    rich_markup_mode=None,
 )
 
 
@@ -49,10 +65,8 @@ def enqueue(
     file: Annotated[
         Path,
         typer.Argument(
-            help="JSONL: OpenAI Batch input lines or bare chat request bodies.",
-            exists=True,
-            dir_okay=False,
-            readable=True,
+            help="JSONL: OpenAI Batch input lines or bare chat request bodies ('-': standard input).",
+            show_default=False,
         ),
     ],
     provider: Annotated[
@@ -81,8 +95,11 @@ def enqueue(
     with a different body (in the file or in the ledger), exits 2 naming FILE:LINE.
     """
     from ledger.api import announce
+    from ledger.enqueue import STDIN
     from ledger.intake import enqueue_file
 
+    if file != STDIN and not file.is_file():
+        fail(f"{file}: {'is a directory, not a file' if file.is_dir() else 'no such file'}")
     settings = settings_or_exit()
     configure_logs(settings)
     store = open_store(settings)
@@ -114,7 +131,7 @@ def list_requests(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """List requests with their status, attempts, last status code and usage."""
-    store = open_store(settings_or_exit())
+    store = open_ledger(settings_or_exit())
     rows = store.list_requests(status=status.value if status else None, job_id=job, limit=limit)
     if as_json:
         for row in rows:
@@ -142,7 +159,7 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show one request with all its attempts."""
-    store = open_store(settings_or_exit())
+    store = open_ledger(settings_or_exit())
     found = store.get_request(request_id)
     if found is None:
         fail(f"no request with id {request_id}", code=1)
@@ -167,7 +184,7 @@ def show(
     if lineage["sources"] or lineage["built_from_it"]:
         out.print(f"sources: {', '.join(map(str, lineage['sources'])) or '-'}", highlight=False)
         out.print(f"built from it: {', '.join(map(str, lineage['built_from_it'])) or '-'}", highlight=False)
-    table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in s", "started", "worker", "batch")
+    table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in", "started", "worker", "batch")
     for a in attempts:
         table.add_row(
             str(a["attempt"]),
@@ -175,7 +192,7 @@ def show(
             text_of(a["status_code"]),
             text_of(a["error_code"]),
             text_of(a["latency_ms"]),
-            text_of(a["retry_delay_s"]),
+            "" if a["retry_delay_s"] is None else f"{a['retry_delay_s']:.1f} s",
             text_of(a["started_at"]),
             text_of(a["worker"]),
             text_of(a["batch_id"]),
@@ -247,7 +264,7 @@ def export(
     full: Annotated[bool, typer.Option("--full", help="Add `response`: the provider's body as received.")] = False,
 ) -> None:
     """Export results as JSONL: custom_id, status, output, tool calls, finish reason, parsed fields, usage, cost."""
-    store = open_store(settings_or_exit())
+    store = open_ledger(settings_or_exit())
     target = out_file.open("w", encoding="utf-8") if out_file else sys.stdout
     count = 0
     try:
@@ -317,7 +334,7 @@ def status(
     from ledger.cli_jobs import job_status, print_job_status
 
     settings = settings_or_exit()
-    store = open_store(settings)
+    store = open_ledger(settings)
     counts = store.status_counts(job)
     usage = store.pool_usage()
     busy = sum(u["running"] for u in usage.values())
@@ -379,7 +396,9 @@ def status(
             )
 
 
-pools_app = typer.Typer(help="Endpoint pools: what holds them back, and lifting a pause.", no_args_is_help=True)
+pools_app = typer.Typer(
+    help="Endpoint pools: what holds them back, and lifting a pause.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(pools_app, name="pools")
 
 
@@ -388,7 +407,7 @@ def resume_pool(
     pool: Annotated[str, typer.Argument(help="The pool (provider:model, as `ledger status` names it).")],
 ) -> None:
     """Lift a pool's pause (its provider said the quota or balance was spent) at once."""
-    store = open_store(settings_or_exit())
+    store = open_ledger(settings_or_exit())
     with operator_errors():
         resumed = store.resume_pool(pool)
     if not resumed:
@@ -413,7 +432,7 @@ def cancel(
     if not request_ids and not job and batch is None:
         fail("give request ids, --job or --batch")
     settings = settings_or_exit()
-    store = open_store(settings)
+    store = open_ledger(settings)
     if batch is not None and store.get_batch(batch) is None:
         fail(f"no batch with id {batch}", code=1)
     if job and store.cancel_job(job):
@@ -439,7 +458,7 @@ def batches(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """List provider batch jobs: status (ledger's and provider's), requests, failures, age, cost."""
-    store = open_store(settings_or_exit())
+    store = open_ledger(settings_or_exit())
     found = store.list_batches(limit)
     if as_json:
         for b in found:
@@ -551,6 +570,7 @@ def web(
     from ledger.web.server import WebRefused, serve
 
     settings = settings_or_exit()
+    require_ledger(settings)
     try:
         with operator_errors():
             serve(settings, host=host, port=port, allow_actions=allow_actions, token=settings.web_token or None)
@@ -559,22 +579,7 @@ def web(
         raise typer.Exit(2) from None
 
 
-@app.command(
-    "mock-provider",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    add_help_option=False,
-)
-def mock_provider(ctx: typer.Context) -> None:
-    """Serve a mock OpenAI + Anthropic provider (chat, messages, files, batches) for keyless runs.
-
-    Flags (see --help): --port, --host, --latency, --jitter, --max-concurrency, --rpm, --rpm-window,
-    --fault-rate CODE=RATE, --seed, and the batch faults --batch-latency,
-    --batch-finalize-seconds, --batch-create-stall, --batch-results-stall,
-    --batch-expire-rate, --batch-fail-rate, --batch-line-error-rate.
-    """
-    from adapters.mock_provider import main as serve
-
-    raise typer.Exit(serve(list(ctx.args)))
+register_mock_command(app)
 
 
 @app.command()
@@ -618,17 +623,13 @@ def demo(
     out.print(table)
     settings = settings_or_exit(LEDGER_DATABASE_URL=f"sqlite:///{summary['database']}")
     print_scores(open_store(settings), summary["job_id"])
-    out.print(
-        f"ledger: {summary['database']}  (try: ledger report {summary['job_id']}, ledger requests, ledger show 1)",
-        highlight=False,
-        soft_wrap=True,
-    )
-    out.print(
-        f"see it in a browser: LEDGER_DATABASE_URL=sqlite:///{Path(summary['database']).resolve()} ledger web",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
-    )
+    # Commands that read the demo's ledger as shown, from any directory (not ./ledger.db).
+    url = f"sqlite:///{Path(summary['database']).resolve()}"
+    on_it = f"LEDGER_DATABASE_URL={shlex.quote(url)}"
+    out.print(f"ledger: {summary['database']}; read it with:", highlight=False, soft_wrap=True)
+    for command in (f"ledger report {summary['job_id']}", "ledger requests", "ledger show 1"):
+        out.print(f"  {on_it} {command}", highlight=False, markup=False, soft_wrap=True)
+    out.print(f"see it in a browser: {on_it} ledger web", highlight=False, markup=False, soft_wrap=True)
 
 
 def _scale_demo(workdir: Path, daemons: int, limit: int, latency: float, kill_one: bool) -> None:

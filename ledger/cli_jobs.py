@@ -17,7 +17,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit
+from ledger.console import err, fail, json_default, open_ledger, open_store, operator_errors, out, settings_or_exit
 from ledger.settings import Settings
 
 REFUSED_EXIT = 3
@@ -116,7 +116,7 @@ def report(
 ) -> None:
     """The job's scores: dimensions x agents (failed cells marked), or its opinions as JSON."""
     settings = settings_or_exit()
-    store = open_store(settings)
+    store = open_ledger(settings)
     if store.get_job(job_id) is None:
         fail(f"no job {job_id!r}", code=1)
     if as_json:
@@ -187,7 +187,7 @@ def reparse(
     if target is None or (job is not None and job_id is not None and job != job_id):
         fail("name one job: ledger reparse --job JOB (or ledger reparse JOB)")
     settings = settings_or_exit()
-    store = open_store(settings)
+    store = open_ledger(settings)
     try:
         stored = store.get_job(target)
         parsed = reparse_requests(store, target)

@@ -43,10 +43,33 @@ def settings_or_exit(**overrides: Any) -> Settings:
 
 
 def open_store(settings: Settings) -> Any:
+    """The store at LEDGER_DATABASE_URL, made (and upgraded) if need be: for the commands that
+    write requests (enqueue, daemon, migrate, eval, demo)."""
     from ledger.store import Store
 
     with operator_errors():
         return Store(settings.database_url)
+
+
+def require_ledger(settings: Settings) -> None:
+    """Exit 2 with one line unless LEDGER_DATABASE_URL holds a ledger. Commands that only read
+    (or change what is there) call it first: pointed at a mistyped path they would otherwise
+    make an empty ledger there and answer as if it were empty. Nothing is created."""
+    from ledger.store.schema import ledger_exists, shown_url
+
+    with operator_errors():
+        found = ledger_exists(settings.database_url)
+    if not found:
+        fail(
+            f"no ledger at {shown_url(settings.database_url)} (LEDGER_DATABASE_URL): check the URL; "
+            "ledger enqueue, ledger eval or ledger migrate creates one"
+        )
+
+
+def open_ledger(settings: Settings) -> Any:
+    """The store of an existing ledger (`require_ledger`), for the commands that only read it."""
+    require_ledger(settings)
+    return open_store(settings)
 
 
 def text_of(value: Any) -> str:

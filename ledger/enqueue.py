@@ -22,10 +22,12 @@ import codecs
 import hashlib
 import json
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -542,6 +544,14 @@ def read_jsonl(lines: Iterable[str], defaults: Defaults) -> Iterator[tuple[int, 
             yield number, spec
 
 
+# `ledger enqueue -`: the lines come from standard input, named `<stdin>` in messages.
+STDIN = Path("-")
+
+
+def _opened(path: Path) -> AbstractContextManager[BinaryIO]:
+    return nullcontext(sys.stdin.buffer) if path == STDIN else path.open("rb")
+
+
 def read_jsonl_file(
     path: Path, defaults: Defaults, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 ) -> Iterator[tuple[int, RequestSpec]]:
@@ -551,8 +561,8 @@ def read_jsonl_file(
     it (a file with no newline at all cannot fill memory). A UTF-8 byte-order mark at the
     start is dropped; any other byte sequence that is not UTF-8 is named, with its column.
     """
-    source = str(path)
-    with path.open("rb") as f:
+    source = "<stdin>" if path == STDIN else str(path)
+    with _opened(path) as f:
         number = 0
         while raw := f.readline(max_line_bytes + 2):  # room for the line's own CR LF
             number += 1

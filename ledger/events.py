@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from ledger.store.rows import ReleasedRows
+from ledger.store.rows import ClaimedRequest, ReleasedRows
 
 EVENTS = logging.getLogger("ledger.events")
 LOG = logging.getLogger("ledger")
@@ -66,42 +66,46 @@ def _emit(level: int, fields: dict[str, Any], ts: float | None = None) -> None:
         EVENTS.log(level, fields["event"], extra={"event_fields": fields})
 
 
-def queueing(request_id: int, agent: str, dimension: str, queue_depth: int, level: int = logging.INFO) -> None:
+def labels(trace: dict[str, Any] | None, custom_id: str) -> dict[str, str]:
+    """What names a request in its events: the `agent` and `dimension` its trace has (an
+    evaluation's, or a line's metadata), and its `custom_id` when it has no dimension. A plain
+    request is not given an empty agent, nor its custom_id labelled as a dimension."""
+    trace = trace or {}
+    found: dict[str, str] = {key: str(trace[key]) for key in ("agent", "dimension") if key in trace}
+    if "dimension" not in found:
+        found["custom_id"] = custom_id
+    return found
+
+
+def request_labels(request: ClaimedRequest) -> dict[str, str]:
+    return labels(request.trace, request.idempotency_key)
+
+
+def queueing(
+    request_id: int, trace: dict[str, Any] | None, custom_id: str, queue_depth: int, level: int = logging.INFO
+) -> None:
     _emit(
         level,
         {
             "event": "queueing",
-            "agent": agent,
-            "dimension": dimension,
+            **labels(trace, custom_id),
             "queue_depth": queue_depth,
             "request_id": request_id,
         },
     )
 
 
-def acquired(request_id: int, agent: str, dimension: str, active_slots: int) -> None:
+def acquired(request: ClaimedRequest, active_slots: int) -> None:
     _emit(
         logging.INFO,
-        {
-            "event": "acquired",
-            "agent": agent,
-            "dimension": dimension,
-            "active_slots": active_slots,
-            "request_id": request_id,
-        },
+        {"event": "acquired", **request_labels(request), "active_slots": active_slots, "request_id": request.id},
     )
 
 
-def released(request_id: int, agent: str, dimension: str, active_slots: int, ts: float | None = None) -> None:
+def released(request: ClaimedRequest, active_slots: int, ts: float | None = None) -> None:
     _emit(
         logging.INFO,
-        {
-            "event": "released",
-            "agent": agent,
-            "dimension": dimension,
-            "active_slots": active_slots,
-            "request_id": request_id,
-        },
+        {"event": "released", **request_labels(request), "active_slots": active_slots, "request_id": request.id},
         ts,
     )
 
@@ -111,41 +115,32 @@ def slots_released(slots: ReleasedRows) -> None:
     if not wanted(logging.INFO):
         return
     for r in slots.requests:
-        released(r.id, r.agent, r.dimension, slots.active_slots, ts=slots.ts_before_commit)
+        released(r, slots.active_slots, ts=slots.ts_before_commit)
 
 
-def retry(request_id: int, agent: str, dimension: str, attempt: int, status_code: int | None, delay_s: float) -> None:
+def retry(request: ClaimedRequest, attempt: int, status_code: int | None, delay_s: float) -> None:
     _emit(
         logging.WARNING,
         {
             "event": "retry",
-            "agent": agent,
-            "dimension": dimension,
+            **request_labels(request),
             "attempt": attempt,
             "status_code": status_code,
             "delay_s": round(delay_s, 3),
-            "request_id": request_id,
+            "request_id": request.id,
         },
     )
 
 
-def timeout(request_id: int, agent: str, dimension: str, timeout_s: float) -> None:
+def timeout(request: ClaimedRequest, timeout_s: float) -> None:
     _emit(
         logging.WARNING,
-        {
-            "event": "timeout",
-            "agent": agent,
-            "dimension": dimension,
-            "timeout_s": timeout_s,
-            "request_id": request_id,
-        },
+        {"event": "timeout", **request_labels(request), "timeout_s": timeout_s, "request_id": request.id},
     )
 
 
 def failed(
-    request_id: int,
-    agent: str,
-    dimension: str,
+    request: ClaimedRequest,
     status_code: int | None,
     error_code: str,
     message: str,
@@ -158,9 +153,8 @@ def failed(
         {
             "event": "failed",
             "level": "ERROR",
-            "agent": agent,
-            "dimension": dimension,
-            "request_id": request_id,
+            **request_labels(request),
+            "request_id": request.id,
             "status_code": status_code,
             "error_code": error_code,
             "message": message,
@@ -227,11 +221,13 @@ def batch_submitted(
 
 def quota_exhausted(pool: str, provider: str, reason: str, until: Any) -> None:
     """A pool paused: its provider said the account's quota or balance is spent. One line per
-    pause (not per request): no request of the pool is claimed until `until`, then one probes."""
+    pause (not per request): no request of the pool is claimed until `until`, then one probes.
+    The line says its level, as `failed` does: an operator's alerting keys on ERROR."""
     _emit(
         logging.ERROR,
         {
             "event": "quota_exhausted",
+            "level": "ERROR",
             "pool": pool,
             "provider": provider,
             "reason": reason,

@@ -161,7 +161,7 @@ async def execute(
         try:
             result = await _call_within(adapter, call, request.endpoint, ctx.deadlines, key, scope)
         except TimeoutError:
-            events.timeout(request.id, request.agent, request.dimension, ctx.timeout_s)
+            events.timeout(request, ctx.timeout_s)
             error = ProviderError(f"no answer within {ctx.timeout_s}s", retryable=True, code="timeout")
         except ProviderError as exc:
             error = exc
@@ -198,9 +198,7 @@ async def execute(
             if written is not Written.APPLIED:  # ended canceled, or not ours any more: not an error of ours
                 return
             events.failed(
-                request.id,
-                request.agent,
-                request.dimension,
+                request,
                 error.status_code,
                 error.code,
                 error.message,
@@ -230,7 +228,7 @@ async def execute(
         )
         if written is not Written.APPLIED:  # canceled, or taken over: no retry of ours follows
             return
-        events.retry(request.id, request.agent, request.dimension, attempt, error.status_code, delay)
+        events.retry(request, attempt, error.status_code, delay)
         if not hold:  # the slot went back with the outcome; the retry waits in the queue
             return
         await anyio.sleep(delay)

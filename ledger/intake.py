@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger import events
-from ledger.enqueue import Defaults, EnqueueError, RequestSpec, as_spec, checked_row, read_jsonl_file
+from ledger.enqueue import STDIN, Defaults, EnqueueError, RequestSpec, as_spec, checked_row, read_jsonl_file
 from ledger.fingerprint import JSON_FIELDS, differing_fields
 from ledger.settings import Settings
 from ledger.store import EnqueueResult, Store
@@ -68,7 +68,7 @@ SINGLE = Positions(lambda pos: None, lambda pos: f"requests[{pos}]", "idempotenc
 def enqueue_file(store: Store, settings: Settings, path: Path, defaults: Defaults) -> EnqueueResult:
     """`ledger enqueue FILE`: the file's requests, all checked before any is written."""
     specs = read_jsonl_file(path, defaults, settings.max_line_bytes)
-    return Intake(store, settings, file_positions(str(path))).run(specs)
+    return Intake(store, settings, file_positions("<stdin>" if path == STDIN else str(path))).run(specs)
 
 
 def enqueue_specs(
@@ -113,6 +113,9 @@ class Intake:
     def _entry(self, pos: int, item: RequestSpec | Mapping[str, Any]) -> Entry:
         try:
             spec = as_spec(item)  # a Python caller's list may hold anything
+            if spec.provider == "openai-compatible" and not self.settings.compatible_base_url:
+                # Known now, not only when a daemon claims it: every such request would end config_error.
+                raise EnqueueError("provider 'openai-compatible' needs OPENAI_COMPATIBLE_BASE_URL, which is not set")
             row, texts = checked_row(spec, self.settings.compatible_base_url, self.prices, self.settings.max_line_bytes)
         except EnqueueError as exc:
             raise EnqueueError(self._at(pos, str(exc))) from None

@@ -9,7 +9,6 @@ the poll interval passes (slots freed by other daemons are seen by polling).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -123,8 +122,13 @@ class Scheduler:
     async def warm_adapters(self) -> None:
         """Build the adapters the queued work needs before the first claim, so no slot waits on an import."""
         for provider in sorted(await self.ctx.lane.run(self.ctx.store.online_providers)):
-            with contextlib.suppress(ValueError):  # misconfigured: its requests fail with the reason when claimed
+            try:
                 await self.adapter_for(provider)
+            except ValueError as exc:  # misconfigured: said once here; its requests end with the reason when claimed
+                LOG.error(
+                    "provider not configured: its requests end config_error",
+                    extra={"details": {"provider": provider, "error": str(exc)}},
+                )
 
     async def close_adapters(self) -> None:
         for adapter in self._adapters.values():
@@ -152,7 +156,7 @@ class Scheduler:
         announce = events.wanted(logging.INFO)
         for i, request in enumerate(claim.requests, start=1):
             if announce:
-                events.acquired(request.id, request.agent, request.dimension, first + i)
+                events.acquired(request, first + i)
             self._start(tg, request, claim.leased_at)
         return len(claim.requests)
 
@@ -243,9 +247,7 @@ class Scheduler:
         except ValueError as exc:  # e.g. a provider with no base URL configured
             failure = AttemptFailure(None, "config_error", str(exc), 0)
             if await self.ctx.recorder.submit(Failed(request, request.attempt, failure)) is Written.APPLIED:
-                events.failed(
-                    request.id, request.agent, request.dimension, None, "config_error", str(exc), request.attempt, 0.0
-                )
+                events.failed(request, None, "config_error", str(exc), request.attempt, 0.0)
             return
         await execute(request, adapter, self.ctx, scope, lambda: self.leases.may_call((request.id, request.token)))
 

@@ -545,6 +545,13 @@ def parse_fault_rates(items: list[str]) -> dict[str, float]:
     return rates
 
 
+# What `--help` says the mock is (`python -m adapters.mock_provider` and `ledger mock-provider`).
+DESCRIPTION = (
+    "A mock LLM provider over real HTTP for keyless runs: OpenAI (chat, Responses, files, batches; "
+    "also at Azure's paths), Anthropic and Gemini wire formats, with latency, caps and faults."
+)
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def add_usage(self, usage: Any, actions: Any, groups: Any, prefix: str | None = None) -> None:
         super().add_usage(usage, actions, groups, prefix="Usage: ")
@@ -554,19 +561,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ledger mock-provider",
         usage="%(prog)s [OPTIONS]",
-        description=__doc__.splitlines()[0],
+        description=DESCRIPTION,
         formatter_class=_HelpFormatter,
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8089)
-    parser.add_argument("--latency", type=float, default=0.0)
-    parser.add_argument("--jitter", type=float, default=0.0)
-    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8089, help="port (0: a free one, named on the first line)")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds each call takes")
+    parser.add_argument("--jitter", type=float, default=0.0, help="up to this many seconds more, at random")
+    parser.add_argument(
+        "--max-concurrency", type=int, default=None, help="calls served at once; more get 429 with retry-after"
+    )
     parser.add_argument("--rpm", type=int, default=None, help="requests per window; answers say what is left")
     parser.add_argument("--tpm", type=int, default=None, help="tokens answered per window; answers say what is left")
     parser.add_argument("--rpm-window", type=float, default=60.0, help="seconds the --rpm and --tpm caps count over")
-    parser.add_argument("--fault-rate", action="append", default=[])
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fault-rate", action="append", default=[], help="KIND=RATE, repeatable: share of calls failing with KIND"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random faults and jitter")
     parser.add_argument("--batch-latency", type=float, default=0.5, help="seconds a batch stays in progress")
     parser.add_argument("--batch-finalize-seconds", type=float, default=0.0, help="then finalizing this long")
     parser.add_argument("--batch-create-stall", type=float, default=0.0, help="create answers this late")
@@ -603,6 +614,12 @@ def main(argv: list[str] | None = None) -> int:
         batch_line_error_rate=args.batch_line_error_rate,
         batch_cancel_ended_refused=args.batch_cancel_ended_refused,
     )
+    return serve_until_stopped(config)
+
+
+def serve_until_stopped(config: MockProviderConfig) -> int:
+    """Serve until SIGTERM or SIGINT, after one line on stdout naming the URL (its port when 0 was
+    asked). Returns the exit status: 2 when the address cannot be listened on."""
     server = MockProviderServer(config)
 
     async def run() -> None:
@@ -617,6 +634,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         anyio.run(run)
     except OSError as exc:
-        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        print(f"error: cannot listen on {config.host}:{config.port}: {exc.strerror}", file=sys.stderr)
         return 2
     return 0

@@ -38,14 +38,6 @@ class ClaimedRequest:
     def trace(self) -> dict[str, Any]:
         return read_json_column(self.stored_trace) or {}
 
-    @property
-    def agent(self) -> str:
-        return str(self.trace.get("agent", ""))
-
-    @property
-    def dimension(self) -> str:
-        return str(self.trace.get("dimension", self.idempotency_key))
-
 
 @dataclass(frozen=True)
 class ReleasedRows:

@@ -8,6 +8,8 @@ the second wait, then find nothing to do).
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -27,8 +29,13 @@ MIGRATE_LOCK_KEY = 7_391_046_222
 
 
 def error_reason(error: BaseException) -> str:
-    """What the driver said, on one line (no SQL, no parameters: those may hold prompts)."""
-    return " ".join(str(getattr(error, "orig", None) or error).split())
+    """What the driver said, on one line (no SQL, no parameters: those may hold prompts). libpq
+    puts each sentence on a line of its own without a full stop ("Connection refused" / "Is the
+    server running ..."): joined, each line that ends without a stop gets one."""
+    lines = [" ".join(line.split()) for line in str(getattr(error, "orig", None) or error).splitlines()]
+    said = [line for line in lines if line]
+    stopped = [f"{line}." if line[-1] not in ".:;?!," else line for line in said[:-1]]
+    return " ".join(stopped + said[-1:])
 
 
 def one_line(error: BaseException | None) -> str:
@@ -49,9 +56,57 @@ def normalize_url(url: str) -> str:
         raise DatabaseError(
             f"LEDGER_DATABASE_URL: unsupported database {parsed.get_backend_name()!r} (use sqlite or postgresql)"
         )
+    if parsed.get_backend_name() == "sqlite" and _in_memory(parsed.database, parsed.query):
+        raise DatabaseError(
+            f"LEDGER_DATABASE_URL: {url!r} is an in-memory SQLite database, which forgets every request "
+            "when the command ends: name a file (sqlite:///ledger.db) or a PostgreSQL database"
+        )
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
+
+
+def _in_memory(database: str | None, query: Mapping[str, object]) -> bool:
+    """SQLite's in-memory forms: no file (`sqlite://`, `sqlite:///`), `:memory:`, and the URI
+    forms `file::memory:` and `file:NAME?mode=memory`."""
+    if not database or database == ":memory:" or database.startswith("file::memory:"):
+        return True
+    mode = query.get("mode")
+    return database.startswith("file:") and (mode == "memory" or (isinstance(mode, tuple) and "memory" in mode))
+
+
+def shown_url(url: str) -> str:
+    """The URL as an operator wrote it, its password hidden: for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def ledger_exists(url: str) -> bool:
+    """Whether the database at `url` holds a ledger (its requests table), found without creating
+    anything: a SQLite file that is not there is not made (nor its folders), and tables missing
+    from a PostgreSQL schema are not made either. Raises `DatabaseError` when the database cannot
+    be reached."""
+    normalized = normalize_url(url)
+    parsed = make_url(normalized)
+    if parsed.get_backend_name() == "sqlite":
+        database = str(parsed.database)
+        if not database.startswith("file:") and not Path(database).expanduser().is_file():
+            return False
+        # Read only: SQLite would otherwise make an empty file of a name that is not one yet.
+        location = database if database.startswith("file:") else Path(database).expanduser().resolve().as_uri()
+        read_only = f"{location}{'&' if '?' in location else '?'}mode=ro"
+        engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(read_only, uri=True))
+    else:
+        engine, _ = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return bool(inspect(conn).has_table("llm_requests"))
+    except OperationalError as exc:
+        raise DatabaseError(f"cannot open database {shown_url(url)}: {error_reason(exc)}") from None
+    finally:
+        engine.dispose()
 
 
 def alembic_config(url: str | None = None) -> Config:

@@ -85,6 +85,8 @@ def test_help_reads_well_for_every_command() -> None:
         ({"RETRY_MAX_ATTEMPTS": "many"}, "RETRY_MAX_ATTEMPTS"),
         ({"LEDGER_DATABASE_URL": "mysql://nope"}, "LEDGER_DATABASE_URL: unsupported database"),
         ({"LEDGER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none"}, "cannot open database"),
+        # libpq's two sentences, each on its own line there, keep their full stop on one line.
+        ({"LEDGER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none"}, "Connection refused. Is the server"),
     ],
 )
 def test_bad_configuration_is_one_line_and_exit_2(tmp_path: Path, env: dict[str, str], message: str) -> None:

@@ -108,6 +108,7 @@ def test_status_tells_a_cancel_waiting_for_its_call(db_url: str) -> None:
 
 
 def test_show_unknown_id_is_a_clear_error(sqlite_url: str) -> None:
+    Store(sqlite_url).close()
     result = CliRunner().invoke(app, ["show", "999"], env={"LEDGER_DATABASE_URL": sqlite_url})
     assert result.exit_code == 1 and "no request with id 999" in result.output
 

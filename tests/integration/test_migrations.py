@@ -88,7 +88,11 @@ def test_ledger_migrate_command_twice(db_url: str) -> None:
 
 
 def test_a_new_user_never_sees_no_such_table(sqlite_url: str) -> None:
-    result = CliRunner().invoke(app, ["requests"], env={"LEDGER_DATABASE_URL": sqlite_url})
+    env = {"LEDGER_DATABASE_URL": sqlite_url}
+    nothing = CliRunner().invoke(app, ["requests"], env=env)  # no ledger yet: said so, none made
+    assert nothing.exit_code == 2 and "no ledger at" in nothing.output and "no such table" not in nothing.output
+    assert CliRunner().invoke(app, ["migrate"], env=env).exit_code == 0
+    result = CliRunner().invoke(app, ["requests"], env=env)
     assert result.exit_code == 0, result.output
 
 

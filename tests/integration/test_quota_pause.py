@@ -17,6 +17,7 @@ from ledger.api import Ledger
 from ledger.cli import app
 from ledger.daemon import run_daemon
 from ledger.enqueue import build_spec
+from ledger.events import JsonFormatter
 from ledger.settings import Settings
 from ledger.store import Store
 from tests.integration.batch_helpers import batch_settings, requests_t, rows, run
@@ -115,6 +116,9 @@ def test_a_spent_quota_pauses_its_pool_probes_once_a_period_and_resumes_after_th
     assert all(r["attempts"] - r["parked"] == 1 for r in found)  # a refused call spent no attempt
     pauses = logged(captured, "quota_exhausted")
     assert pauses and all(p["pool"] == pool and p["provider"] == provider and p["level"] == "ERROR" for p in pauses)
+    # The JSON line itself says ERROR: that is what an operator's alerting reads.
+    lines = [json.loads(JsonFormatter().format(r)) for r in captured.records if r.getMessage() == "quota_exhausted"]
+    assert len(lines) == len(pauses) and all(line["level"] == "ERROR" for line in lines)
     said = {"anthropic": "credit balance too low", "openai": "quota exhausted (insufficient_quota)"}[provider]
     assert pauses[0]["reason"].startswith(said)
     # One line per pause, not per request: the first pause, then one per failed probe. Beyond the

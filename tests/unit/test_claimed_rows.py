@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ledger.events import request_labels
 from ledger.store.claim import CLAIMED_COLUMNS, to_claimed
 
 Row = namedtuple("Row", [c.name for c in CLAIMED_COLUMNS])  # type: ignore[misc]
@@ -41,10 +42,13 @@ def test_a_claimed_row_carries_its_input_params_and_trace_read_as_text_or_parsed
         row(input=stored(MESSAGES), params=stored({"max_tokens": 5}), response_format=stored(None), trace=stored(trace))
     )
     assert (claimed.input, claimed.params, claimed.response_format) == (MESSAGES, {"max_tokens": 5}, None)
-    assert (claimed.agent, claimed.dimension, claimed.trace) == ("judge", "clarity", trace)
+    assert claimed.trace == trace
+    assert request_labels(claimed) == {"agent": "judge", "dimension": "clarity"}
 
 
 @pytest.mark.parametrize("trace", [None, "null", "{}"])
-def test_a_request_without_a_trace_is_named_by_its_key(trace: str | None) -> None:
+def test_a_request_without_a_trace_is_named_by_its_custom_id(trace: str | None) -> None:
+    """In its events: no empty agent, and its key under its own name, not as a dimension."""
     claimed = to_claimed(row(input=json.dumps(MESSAGES), params="null", response_format="null", trace=trace))
-    assert (claimed.params, claimed.agent, claimed.dimension) == ({}, "", "k-7")
+    assert claimed.params == {}
+    assert request_labels(claimed) == {"custom_id": "k-7"}
