@@ -6,10 +6,12 @@ never imports an SDK.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from adapters.base import Adapter, BatchAdapter
+    from adapters.base import Adapter, BatchAdapter, CallRequest
     from ledger.settings import Settings
 
 PROVIDER_NAMES = frozenset({"openai", "anthropic", "azure", "gemini", "openai-compatible", "mock"})
@@ -18,7 +20,30 @@ BATCH_PROVIDERS = frozenset({"openai", "anthropic", "azure", "gemini"})
 # Providers whose adapter sends a JSON schema the model must follow: structured batching
 # (BATCHING_ENABLED) asks them for every dimension at once; the others get one request
 # per dimension (seed 000 FR-004). Matches each adapter's `supports_structured_output`.
-STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "azure", "gemini", "mock"})
+STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "anthropic", "azure", "gemini", "mock"})
+
+
+def wire_check(provider: str, api: str | None) -> Callable[[CallRequest], list[str]] | None:
+    """The pure check enqueue makes of a request for `provider` (SDK-free: the module that writes
+    its body): the names of the parameters left out, or `Untranslatable` for what the provider's
+    API cannot express. None: the provider takes requests as given (the in-process mock)."""
+    if provider == "anthropic":
+        from adapters.anthropic_format import check
+
+        return check
+    if provider == "gemini":
+        from adapters.gemini_format import check as gemini_check
+
+        return gemini_check
+    if provider == "mock":
+        return None
+    if api == "responses":
+        from adapters.openai_responses import check as responses_check
+
+        return partial(responses_check, provider=provider)
+    from adapters.openai_chat import check as chat_check
+
+    return partial(chat_check, provider=provider)
 
 
 def make_adapter(provider: str, settings: Settings) -> Adapter:

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from ledger.cli_jobs import register_job_commands
 from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
-from ledger.enqueue import Defaults
+from ledger.enqueue import Defaults, dropped_warnings
 from ledger.settings import Settings
 from ledger.statuses import Delivery, RequestStatus
 
@@ -100,6 +100,8 @@ def enqueue(
     with operator_errors():
         result = enqueue_file(store, settings, file, defaults)
     announce(result)
+    for line in dropped_warnings(result.dropped):
+        err.print(f"warning: {line}", highlight=False, soft_wrap=True, markup=False)
     hits = f", {result.cached} answered from the cache" if result.cached else ""
     twins = f", {result.twins} waiting for an identical request in flight" if result.twins else ""
     dup = f", {result.duplicates} already queued (skipped)" if result.duplicates else ""
@@ -293,6 +295,7 @@ def export_line(row: dict[str, Any]) -> dict[str, Any]:
         "sources": row["sources"],
         "cached_from": row["cached_from"],
         "sample": row["sample"],
+        "dropped_params": row["dropped_params"],
         "usage": {
             "input_tokens": row["input_tokens"],
             "output_tokens": row["output_tokens"],

@@ -245,6 +245,10 @@ def model_answer(wire: str, payload: dict[str, Any], seen_prefixes: set[str] | N
         text_format = (payload.get("text") or {}).get("format")
         if isinstance(text_format, dict) and text_format.get("type") == "json_schema":
             response_format = {"type": "json_schema", "json_schema": text_format}
+    elif wire == "anthropic":  # Anthropic's structured output: `output_config.format`, a JSON schema
+        output_format = (payload.get("output_config") or {}).get("format")
+        if isinstance(output_format, dict) and output_format.get("type") == "json_schema":
+            response_format = {"type": "json_schema", "json_schema": output_format}
     plain = chat_answer(model, system, messages, response_format)
     prompt = prompt_text(system, messages)
     found = directives(prompt)
