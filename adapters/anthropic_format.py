@@ -234,7 +234,7 @@ def _params(
             if "stop_sequences" not in params:
                 out["stop_sequences"] = [value] if isinstance(value, str) else list(value)
         elif name == "tools":
-            out["tools"] = [_tool(tool, f"params.tools[{i}]") for i, tool in enumerate(value or [])]
+            out["tools"] = [one for i, tool in enumerate(value or []) for one in _tools(tool, f"params.tools[{i}]")]
         elif name == "tool_choice":
             out["tool_choice"] = _tool_choice(value)
         elif name == "toolConfig" and "tool_choice" not in params:
@@ -268,22 +268,35 @@ def output_format(response_format: dict[str, Any]) -> dict[str, Any] | None:
     return {"type": "json_schema", "schema": response_format}  # a bare schema
 
 
-def _tool(tool: Any, where: str) -> dict[str, Any]:
+def _tools(tool: Any, where: str) -> list[dict[str, Any]]:
+    """One tool as Anthropic's: OpenAI's function tool, each of Gemini's function declarations
+    (`parameters` as `input_schema`), Anthropic's own as given."""
     if not isinstance(tool, dict):
         raise Untranslatable(where, PROVIDER, "takes tools only as objects")
     if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
         spec = tool["function"]
-        out: dict[str, Any] = {"name": spec.get("name"), "input_schema": spec.get("parameters") or {"type": "object"}}
-        if spec.get("description"):
-            out["description"] = spec["description"]
-        if "strict" in spec:
-            out["strict"] = spec["strict"]
-        return out
-    if "functionDeclarations" in tool:
-        raise Untranslatable(where, PROVIDER, "takes Gemini's function declarations one tool each (give them as tools)")
+        return [_function_tool(spec.get("name"), spec.get("description"), spec.get("parameters"), spec)]
+    if isinstance(tool.get("functionDeclarations"), list):
+        return [
+            _function_tool(
+                d.get("name"), d.get("description"), d.get("parametersJsonSchema") or d.get("parameters"), {}
+            )
+            for d in tool["functionDeclarations"]
+            if isinstance(d, dict)
+        ]
     if "input_schema" in tool or str(tool.get("type") or "").startswith(("web_", "bash_", "code_", "text_editor")):
-        return tool  # Anthropic's own
-    raise Untranslatable(f"{where}.type", PROVIDER, f"has no {tool.get('type')!r} tool")
+        return [tool]  # Anthropic's own
+    kind = tool.get("type") or next(iter(tool), "")
+    raise Untranslatable(f"{where}", PROVIDER, f"has no {kind!r} tool")
+
+
+def _function_tool(name: Any, description: Any, schema: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": name, "input_schema": schema or {"type": "object"}}
+    if description:
+        out["description"] = description
+    if "strict" in spec:
+        out["strict"] = spec["strict"]
+    return out
 
 
 def _tool_choice(choice: Any) -> Any:

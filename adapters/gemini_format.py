@@ -161,7 +161,10 @@ def _parts(message: dict[str, Any], names: dict[str, str], i: int) -> list[dict[
         names[str(call.get("id") or "")] = str(function.get("name") or "")
         where = f"messages[{i}].tool_calls[{k}].function.arguments"
         args = arguments_object(function.get("arguments"), where, PROVIDER)
-        parts.append({"functionCall": {"name": function.get("name"), "args": args}})
+        call_id = call.get("id")
+        parts.append(
+            {"functionCall": {"name": function.get("name"), "args": args} | ({"id": call_id} if call_id else {})}
+        )
     return parts
 
 

@@ -35,6 +35,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from adapters.token_limit import output_limit
+
 DIRECTIVE = re.compile(r"\[\[mock:([a-z_0-9]+)(?:=([^\]]*))?\]\]")
 
 _REASONS = (
@@ -231,7 +233,7 @@ def request_prompt(wire: str, payload: dict[str, Any]) -> tuple[Any, list[dict[s
 
 
 def max_output(payload: dict[str, Any]) -> int | None:
-    asked = payload.get("max_completion_tokens") or payload.get("max_tokens") or payload.get("max_output_tokens")
+    asked = output_limit(payload)
     return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None
 
 
