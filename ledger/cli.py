@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ledger.cli_jobs import register_job_commands
 from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
@@ -164,7 +165,9 @@ def show(
             )
     for key, value in found.items():
         if value is not None and key not in _SHOWN_APART:
-            out.print(f"[bold]{key}[/]: {text_of(value)}", highlight=False)
+            # One line each, as stored: a request's conversation is printed whole, never wrapped,
+            # and brackets in it are not styling.
+            out.print(Text.assemble((key, "bold"), f": {text_of(value)}"), highlight=False, soft_wrap=True)
     _print_answer(found)
     if lineage["sources"] or lineage["built_from_it"]:
         out.print(f"sources: {', '.join(map(str, lineage['sources'])) or '-'}", highlight=False)
