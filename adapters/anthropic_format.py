@@ -117,18 +117,22 @@ def check(request: CallRequest) -> list[str]:
 def _conversation(
     system: Any, messages: list[dict[str, Any]], dropped: list[str] | None
 ) -> tuple[Any, list[dict[str, Any]]]:
-    if any(_gemini_shaped(m) for m in messages):
-        from adapters.gemini_format import chat_conversation  # only for Gemini's parts: no import loop
+    for message in messages:
+        if _gemini_shaped(message):
+            from adapters.gemini_format import chat_conversation  # only for Gemini's parts: no import loop
 
-        messages = chat_conversation(messages, PROVIDER, dropped)
+            messages = chat_conversation(messages, PROVIDER, dropped)
+            break
     systems: list[Any] = [system] if system else []
     out: list[dict[str, Any]] = []
     results_turn: dict[str, Any] | None = None  # the user turn holding the latest tool results
     for i, message in enumerate(messages):
         role = message.get("role")
-        content = message.get("content")
+        if results_turn is None and type(message.get("content")) is str and len(message) == 2 and role in _TURNS:
+            out.append(message)  # plain text: Anthropic's words too
+            continue
         if role in ("system", "developer"):
-            systems.append(content)
+            systems.append(message.get("content"))
             continue
         if role == "tool":
             block = _tool_result(message, f"messages[{i}]")
@@ -137,7 +141,7 @@ def _conversation(
                 out.append(results_turn)
             results_turn["content"].append(block)
             continue
-        if role not in ("user", "assistant"):
+        if role not in _TURNS:
             raise Untranslatable(f"messages[{i}].role", PROVIDER, f"has no role {role!r}")
         converted = _message(message, i, dropped)
         if results_turn is not None and role == "user":  # text after tool results: the same turn
@@ -151,6 +155,9 @@ def _conversation(
 def _gemini_shaped(message: dict[str, Any]) -> bool:
     content = message.get("content")
     return type(content) is list and any(isinstance(p, dict) and "type" not in p for p in content)
+
+
+_TURNS = ("user", "assistant")
 
 
 def _system(systems: list[Any], dropped: list[str] | None) -> Any:

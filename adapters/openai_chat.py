@@ -17,7 +17,7 @@ from typing import Any, Final
 from adapters.anthropic_format import chat_conversation as anthropic_chat
 from adapters.base import CallRequest
 from adapters.gemini_format import chat_conversation as gemini_chat
-from adapters.token_limit import OUTPUT_LIMIT_NAMES, output_limit, spare_limits
+from adapters.token_limit import OUTPUT_LIMIT_NAMES
 from adapters.translation import Untranslatable
 
 # `CompletionCreateParams` of the pinned openai SDK (3.57) besides model and messages: what the
@@ -65,7 +65,9 @@ _NOT_PARAMS = frozenset({"model", "messages", "system", "response_format", "meta
 # Providers whose API is OpenAI's own: only its parameters are sent.
 _OPENAI_ITSELF = frozenset({"openai", "azure"})
 # Other providers' parameters that chat says otherwise.
-_TRANSLATED = frozenset({*OUTPUT_LIMIT_NAMES, "stop_sequences", "tools", "tool_choice", "toolConfig"})
+_TRANSLATED = frozenset({"stop_sequences", "toolConfig"})
+# Params a chat request sends as given (the output limit renamed at most), no look at their values.
+_PLAIN = (CHAT_PARAMS - {"tools", "tool_choice"}) | {"max_tokens", "max_output_tokens"}
 _GEMINI_MODES = {"AUTO": "auto", "NONE": "none", "ANY": "required"}
 
 
@@ -86,38 +88,75 @@ def openai_messages(request: CallRequest, provider: str = "openai", dropped: lis
     """The request's conversation as chat messages: the system text first, then the messages
     (as given when they are chat's own; Anthropic's blocks and Gemini's parts translated)."""
     system, messages = request.system, request.messages
-    if isinstance(system, list) or any(type(m.get("content")) is list for m in messages):
-        system, messages = anthropic_chat(system, messages, provider, dropped)
-        messages = gemini_chat(messages, provider, dropped)
+    for message in messages:  # only a list of parts can be in another API's words
+        if type(message.get("content")) is list:
+            system, messages = _in_chat_words(system, messages, provider, dropped)
+            break
+    else:
+        if type(system) is list:
+            system, messages = _in_chat_words(system, messages, provider, dropped)
     if not system:
         return messages
     return [{"role": "system", "content": system}, *messages]
 
 
+def _in_chat_words(
+    system: Any, messages: list[dict[str, Any]], provider: str, dropped: list[str] | None
+) -> tuple[Any, list[dict[str, Any]]]:
+    system, messages = anthropic_chat(system, messages, provider, dropped)
+    return system, gemini_chat(messages, provider, dropped)
+
+
 def chat_body(request: CallRequest, provider: str = "openai", dropped: list[str] | None = None) -> dict[str, Any]:
     """The chat completions body of a stored request (online calls and batch lines alike);
     `dropped` collects the names of what is left out. `Untranslatable` for what chat cannot say."""
-    body: dict[str, Any] = {"model": request.model, "messages": openai_messages(request, provider, dropped)}
     params = request.params
-    known_only = provider in _OPENAI_ITSELF
-    for name, value in params.items():
-        if name in _TRANSLATED:
-            continue
-        if not known_only or name in CHAT_PARAMS:
-            body[name] = value
-        elif dropped is not None:
-            dropped.append(name)
-    limit = output_limit(params)
-    if limit is not None:
-        name = "max_completion_tokens" if known_only else next(n for n in OUTPUT_LIMIT_NAMES if params.get(n))
-        body[name] = limit
-        if dropped is not None:
-            dropped.extend(spare_limits(params))
-    if "tools" in params or "tool_choice" in params or "toolConfig" in params or "stop_sequences" in params:
-        _translated_params(params, body)
+    body: dict[str, Any] = {"model": request.model, "messages": openai_messages(request, provider, dropped), **params}
+    if not _PLAIN.issuperset(params):  # another API's words, or what OpenAI does not take
+        _other_params(params, body, provider in _OPENAI_ITSELF, dropped)
+    if "max_tokens" in params or "max_output_tokens" in params:  # a limit under another name than OpenAI's
+        if "max_completion_tokens" in params or "max_output_tokens" in params or provider not in _OPENAI_ITSELF:
+            _one_limit(params, body, provider in _OPENAI_ITSELF, dropped)
+        else:  # the usual: max_tokens alone
+            body["max_completion_tokens"] = body.pop("max_tokens")
     if request.response_format is not None:
         body["response_format"] = chat_response_format(request.response_format)
     return body
+
+
+def _other_params(params: dict[str, Any], body: dict[str, Any], known_only: bool, dropped: list[str] | None) -> None:
+    """Other APIs' ways of saying chat's parameters (`stop_sequences`, tools, tool choices); the
+    parameters OpenAI does not take left out (a compatible server gets them as given)."""
+    for name in params:
+        if name in _PLAIN or name in ("tools", "tool_choice"):
+            continue
+        if name in _TRANSLATED or known_only:
+            del body[name]
+            if dropped is not None and name not in _TRANSLATED:
+                dropped.append(name)
+    if "stop_sequences" in params and "stop" not in params:
+        body["stop"] = params["stop_sequences"]
+    if "tools" in params:
+        body["tools"] = [tool for i, tool in enumerate(params["tools"] or []) for tool in _tools(tool, i)]
+    if "tool_choice" in params:
+        body["tool_choice"] = _tool_choice(params["tool_choice"])
+    elif "toolConfig" in params:
+        body["tool_choice"] = _gemini_choice(params["toolConfig"])
+
+
+def _one_limit(params: dict[str, Any], body: dict[str, Any], known_only: bool, dropped: list[str] | None) -> None:
+    """One output limit on the wire, the first given in `OUTPUT_LIMIT_NAMES`' order: under OpenAI's
+    own name for OpenAI and Azure, the caller's for a compatible server; the others left out."""
+    first = True
+    for name in OUTPUT_LIMIT_NAMES:
+        value = body.pop(name, None)
+        if not value:
+            continue
+        if first:
+            body["max_completion_tokens" if known_only else name] = value
+            first = False
+        elif dropped is not None:
+            dropped.append(name)
 
 
 def check(request: CallRequest, provider: str = "openai") -> list[str]:
@@ -132,17 +171,6 @@ def chat_response_format(response_format: dict[str, Any]) -> dict[str, Any]:
     if response_format.get("type") in ("json_schema", "json_object", "text"):
         return response_format
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": response_format}}
-
-
-def _translated_params(params: dict[str, Any], body: dict[str, Any]) -> None:
-    if "stop_sequences" in params and "stop" not in params:
-        body["stop"] = params["stop_sequences"]
-    if "tools" in params:
-        body["tools"] = [tool for i, tool in enumerate(params["tools"] or []) for tool in _tools(tool, i)]
-    if "tool_choice" in params:
-        body["tool_choice"] = _tool_choice(params["tool_choice"])
-    elif "toolConfig" in params:
-        body["tool_choice"] = _gemini_choice(params["toolConfig"])
 
 
 def _tools(tool: Any, i: int) -> list[dict[str, Any]]:
