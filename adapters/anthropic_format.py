@@ -61,6 +61,9 @@ BLOCK_TYPES: Final = frozenset(
 )
 # Body keys of a Messages line that are not parameters.
 _NOT_PARAMS = frozenset({"model", "messages", "system", "metadata", "stream"})
+# Parameters sent as given, and those said otherwise in other APIs' words (translated).
+_AS_GIVEN = MESSAGES_PARAMS - {"tools", "tool_choice", "max_tokens"}
+_TRANSLATED = frozenset({"stop", "tools", "tool_choice", "toolConfig", "parallel_tool_calls"})
 _CHOICES = {"auto": {"type": "auto"}, "none": {"type": "none"}, "required": {"type": "any"}}
 
 
@@ -99,11 +102,15 @@ def line_fields(body: dict[str, Any]) -> dict[str, Any]:
 def messages_body(request: CallRequest, dropped: list[str] | None = None) -> dict[str, Any]:
     """The Messages body of a stored request (online calls and batch entries alike); `dropped`
     collects the names of what is left out. `Untranslatable` for what the API cannot express."""
-    system, messages = _conversation(request.system, request.messages, dropped)
+    system, messages = request.system, request.messages
+    for message in messages:  # plain text turns are Anthropic's words already: sent as they are
+        if type(message.get("content")) is not str or len(message) != 2 or message.get("role") not in _TURNS:
+            system, messages = _conversation(system, messages, dropped)
+            break
     body: dict[str, Any] = {"model": request.model, "messages": messages}
     if system:
         body["system"] = system
-    body.update(_params(request.params, request.response_format, dropped))
+    _params(request.params, request.response_format, body, dropped)
     return body
 
 
@@ -117,12 +124,10 @@ def check(request: CallRequest) -> list[str]:
 def _conversation(
     system: Any, messages: list[dict[str, Any]], dropped: list[str] | None
 ) -> tuple[Any, list[dict[str, Any]]]:
-    for message in messages:
-        if _gemini_shaped(message):
-            from adapters.gemini_format import chat_conversation  # only for Gemini's parts: no import loop
+    if any(_gemini_shaped(m) for m in messages):
+        from adapters.gemini_format import chat_conversation  # only for Gemini's parts: no import loop
 
-            messages = chat_conversation(messages, PROVIDER, dropped)
-            break
+        messages = chat_conversation(messages, PROVIDER, dropped)
     systems: list[Any] = [system] if system else []
     out: list[dict[str, Any]] = []
     results_turn: dict[str, Any] | None = None  # the user turn holding the latest tool results
@@ -231,35 +236,42 @@ def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _params(
-    params: dict[str, Any], response_format: dict[str, Any] | None, dropped: list[str] | None
-) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    params: dict[str, Any], response_format: dict[str, Any] | None, body: dict[str, Any], dropped: list[str] | None
+) -> None:
+    translated = False
     for name, value in params.items():
-        if name in OUTPUT_LIMIT_NAMES or name == "parallel_tool_calls":
-            continue
-        if name == "stop":
-            if "stop_sequences" not in params:
-                out["stop_sequences"] = [value] if isinstance(value, str) else list(value)
-        elif name == "tools":
-            out["tools"] = [one for i, tool in enumerate(value or []) for one in _tools(tool, f"params.tools[{i}]")]
-        elif name == "tool_choice":
-            out["tool_choice"] = _tool_choice(value)
-        elif name == "toolConfig" and "tool_choice" not in params:
-            out["tool_choice"] = _gemini_choice(value)
-        elif name in MESSAGES_PARAMS:
-            out[name] = value
-        elif dropped is not None:
+        if name in _AS_GIVEN:
+            body[name] = value
+        elif name in _TRANSLATED:
+            translated = True
+        elif name not in OUTPUT_LIMIT_NAMES and dropped is not None:
             dropped.append(name)
-    out["max_tokens"] = int(output_limit(params) or DEFAULT_MAX_TOKENS)
+    if translated:
+        _translated(params, body)
+    body["max_tokens"] = int(output_limit(params) or DEFAULT_MAX_TOKENS)
     if dropped is not None:
         dropped.extend(spare_limits(params))
-    if params.get("parallel_tool_calls") is False:
-        out["tool_choice"] = {**out.get("tool_choice", {"type": "auto"}), "disable_parallel_tool_use": True}
     if response_format is not None:
         found = output_format(response_format)
         if found is not None:
-            out["output_config"] = {**(out.get("output_config") or {}), "format": found}
-    return out
+            body["output_config"] = {**(body.get("output_config") or {}), "format": found}
+
+
+def _translated(params: dict[str, Any], body: dict[str, Any]) -> None:
+    """OpenAI's and Gemini's ways of saying Anthropic's parameters: `stop`, function tools, tool
+    choices, `parallel_tool_calls: false`."""
+    if "stop" in params and "stop_sequences" not in params:
+        stop = params["stop"]
+        body["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+    if "tools" in params:
+        tools = params["tools"] or []
+        body["tools"] = [one for i, tool in enumerate(tools) for one in _tools(tool, f"params.tools[{i}]")]
+    if "tool_choice" in params:
+        body["tool_choice"] = _tool_choice(params["tool_choice"])
+    elif "toolConfig" in params:
+        body["tool_choice"] = _gemini_choice(params["toolConfig"])
+    if params.get("parallel_tool_calls") is False:
+        body["tool_choice"] = {**body.get("tool_choice", {"type": "auto"}), "disable_parallel_tool_use": True}
 
 
 def output_format(response_format: dict[str, Any]) -> dict[str, Any] | None:

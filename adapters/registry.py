@@ -15,12 +15,24 @@ if TYPE_CHECKING:
     from ledger.settings import Settings
 
 PROVIDER_NAMES = frozenset({"openai", "anthropic", "azure", "gemini", "openai-compatible", "mock"})
+# The APIs a request may name (`api`), and the providers whose servers answer OpenAI's Responses
+# API (vLLM and others serve `/v1/responses`).
+APIS = ("chat", "responses", "messages")
+RESPONSES_PROVIDERS = frozenset({"openai", "azure", "openai-compatible", "mock"})
 # Providers with a batch API; requests for the others with delivery=batch go online.
 BATCH_PROVIDERS = frozenset({"openai", "anthropic", "azure", "gemini"})
 # Providers whose adapter sends a JSON schema the model must follow: structured batching
 # (BATCHING_ENABLED) asks them for every dimension at once; the others get one request
 # per dimension (seed 000 FR-004). Matches each adapter's `supports_structured_output`.
 STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "anthropic", "azure", "gemini", "mock"})
+
+
+def api_for(provider: str, api: str | None) -> str:
+    """The API a request is called with: the Responses API when asked for, else the provider's
+    own wire format (a chat request replayed on Anthropic is a Messages request, and back)."""
+    if api == "responses":
+        return api
+    return "messages" if provider == "anthropic" else "chat"
 
 
 def wire_check(provider: str, api: str | None) -> Callable[[CallRequest], list[str]] | None:

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from adapters.base import CallRequest
 from adapters.input_lines import custom_id_of, read_line
 from adapters.openai_responses import RESPONSES_API
-from adapters.registry import PROVIDER_NAMES, wire_check
+from adapters.registry import APIS, PROVIDER_NAMES, RESPONSES_PROVIDERS, api_for, wire_check
 from adapters.translation import Untranslatable
 from ledger.fingerprint import body_hash, cache_key, canonical, json_texts
 from ledger.params import params_problem
@@ -213,19 +213,6 @@ class Defaults:
     priority: int | None = None
     parse: str | None = None
     cache: bool | None = None  # False: --no-cache
-
-
-APIS = ("chat", RESPONSES_API, "messages")
-# Providers whose servers answer OpenAI's Responses API (vLLM and others serve `/v1/responses`).
-RESPONSES_PROVIDERS = frozenset({"openai", "azure", "openai-compatible", "mock"})
-
-
-def api_for(provider: str, api: str | None) -> str:
-    """The API a request is called with: the Responses API when asked for, else the provider's
-    own wire format (a chat request replayed on Anthropic is a Messages request, and back)."""
-    if api == RESPONSES_API:
-        return api
-    return "messages" if provider == "anthropic" else "chat"
 
 
 def _typed_item(message: Any) -> bool:
