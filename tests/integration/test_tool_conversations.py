@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from ledger.cli import app
 from ledger.models import REQUEST_AUDIT_VIEW
 from ledger.store import Store
+from ledger.web import WebConfig, create_app
 from tests.integration.batch_helpers import batch_settings, requests_t, rows, run
 
 MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
@@ -171,4 +173,22 @@ def test_what_the_target_cannot_express_is_refused_at_enqueue_in_one_line_and_no
     assert err.strip().splitlines() == [f"error: {path}:2: {problem}"], err
     store = Store(db_url)
     assert rows(store, requests_t) == []
+    store.close()
+
+
+def test_the_web_view_shows_the_tool_links_and_what_was_left_out(
+    db_url: str, mock: RunningMockProvider, tmp_path: Path
+) -> None:
+    env = env_of(db_url, mock)
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps(openai_line(MODELS["anthropic"], temperature=0)) + "\n")
+    assert cli(env, "enqueue", str(path), "--provider", "anthropic")[0] == 0
+    store = Store(db_url)
+    (row,) = rows(store, requests_t)
+    app = create_app(store, batch_settings(db_url, mock), WebConfig(hosts=frozenset({"testserver"})))
+    with TestClient(app) as client:
+        page = client.get(f"/requests/{row['id']}").text
+    assert "tool_call_id: <code>call_1</code>" in page  # each tool result names its call
+    assert "get_weather" in page and "Paris" in page  # the assistant's tool calls
+    assert '<p id="dropped-params">not sent (anthropic takes no such parameter): temperature</p>' in page
     store.close()
