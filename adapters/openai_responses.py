@@ -28,6 +28,7 @@ from adapters.base import (
     token_count,
 )
 from adapters.token_limit import OUTPUT_LIMIT_NAMES, output_limit, spare_limits
+from adapters.translation import Untranslatable
 
 RESPONSES_API: Final = "responses"
 # `ResponseCreateParams` of the pinned openai SDK (3.57) besides model, input and instructions
@@ -99,7 +100,14 @@ def responses_body(request: CallRequest, provider: str = "openai", dropped: list
 
 
 def check(request: CallRequest, provider: str = "openai") -> list[str]:
-    """What enqueue asks: the parameters left out of the request's body."""
+    """What enqueue asks: the parameters left out of the request's body; `Untranslatable` for a chat
+    message the Responses API has no such form of (its tool calls and results are typed items)."""
+    for i, message in enumerate(request.messages):
+        if message.get("role") == "tool" or "tool_calls" in message:
+            where = f"messages[{i}].{'tool_calls' if 'tool_calls' in message else 'role'}"
+            raise Untranslatable(
+                where, provider, "takes tool calls and results as function_call items in api 'responses'"
+            )
     dropped: list[str] = []
     responses_body(request, provider, dropped)
     return dropped

@@ -18,7 +18,7 @@ from adapters.base import CallRequest
 from adapters.gemini_format import wire_request
 from adapters.openai_chat import CHAT_PARAMS, chat_body
 from adapters.openai_responses import RESPONSES_PARAMS, responses_body
-from ledger.enqueue import Defaults, EnqueueError, checked_row, spec_from_line
+from ledger.enqueue import Defaults, EnqueueError, build_spec, checked_row, spec_from_line
 from ledger.executor import stored_call
 
 SCHEMA = {"type": "object", "properties": {"warmer": {"type": "string"}}, "required": ["warmer"]}
@@ -392,3 +392,12 @@ def test_an_evaluation_schema_goes_to_anthropic_as_output_config_not_as_prompt_t
     assert body["system"] == "Be fair."
     assert "temperature" not in body
     assert json.dumps(SCHEMA) not in json.dumps(body["system"])
+
+
+def test_a_chat_tool_result_is_refused_for_the_responses_api() -> None:
+    messages = [{"role": "user", "content": "Q"}, {"role": "tool", "tool_call_id": "c", "content": "r"}]
+    with pytest.raises(EnqueueError) as raised:
+        checked_row(build_spec(model="m", messages=messages, api="responses"))
+    assert str(raised.value) == (
+        "messages[1].role: openai takes tool calls and results as function_call items in api 'responses'"
+    )
