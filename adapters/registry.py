@@ -7,7 +7,7 @@ never imports an SDK.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ def api_for(provider: str, api: str | None) -> str:
     return "messages" if provider == "anthropic" else "chat"
 
 
+@cache  # asked once per enqueued request: the lookup, not the imports, each time
 def wire_check(provider: str, api: str | None) -> Callable[[CallRequest], list[str]] | None:
     """The pure check enqueue makes of a request for `provider` (SDK-free: the module that writes
     its body): the names of the parameters left out, or `Untranslatable` for what the provider's
