@@ -1,18 +1,18 @@
 """Anthropic Messages through the official SDK, with the SDK's own retries off.
 
-Requests are stored in OpenAI's vocabulary; this is where they are translated:
-the system prompt becomes the `system` parameter, `max_tokens` gets the default
-Anthropic requires, `stop` becomes `stop_sequences`, OpenAI-only knobs are dropped.
+The body is written by `anthropic_format.messages_body` (SDK-free, so enqueue checks a request
+with it too): a request in OpenAI's or Gemini's words is translated there, and parameters the
+Messages API does not take are left out.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anthropic
 import httpx2
 
+from adapters.anthropic_format import messages_body
 from adapters.base import (
     CallRequest,
     CallResult,
@@ -28,27 +28,6 @@ from adapters.base import (
     with_rate_limits,
 )
 
-DEFAULT_MAX_TOKENS = 1024
-_KEEP = {"temperature", "top_p", "top_k", "stop_sequences", "metadata", "thinking", "tools", "tool_choice"}
-
-
-def anthropic_params(request: CallRequest) -> dict[str, Any]:
-    params = request.params
-    out: dict[str, Any] = {k: v for k, v in params.items() if k in _KEEP}
-    out["max_tokens"] = int(params.get("max_tokens") or params.get("max_completion_tokens") or DEFAULT_MAX_TOKENS)
-    if "stop" in params and "stop_sequences" not in out:
-        stop = params["stop"]
-        out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    system = request.system or ""
-    if request.response_format is not None:
-        schema = request.response_format.get("json_schema", {}).get("schema", request.response_format)
-        system = (system + "\n\n" if system else "") + (
-            "Answer with one JSON value only, conforming to this JSON schema: " + json.dumps(schema)
-        )
-    if system:
-        out["system"] = system
-    return out
-
 
 class AnthropicAdapter:
     name = "anthropic"
@@ -58,13 +37,13 @@ class AnthropicAdapter:
 
     @property
     def supports_structured_output(self) -> bool:
-        return False
+        return True  # `output_config.format`: a JSON schema the answer follows
 
     async def call(self, request: CallRequest, *, timeout: float) -> CallResult:
         # Through the client's generic `post`, as the OpenAI adapter does (and the batch create
         # already did): the body is built here, so the typed `create`'s walk of it against the
         # SDK's TypedDicts, and the parse into its `Message` model, would be CPU spent for nothing.
-        body = {"model": request.model, "messages": request.messages, **anthropic_params(request)}
+        body = messages_body(request)
         with sdk_errors(anthropic):
             response = await self._client.post(
                 "/v1/messages", cast_to=httpx2.Response, body=body, options={"timeout": timeout}

@@ -17,7 +17,8 @@ import anthropic
 import anyio
 from anthropic.types.messages import MessageBatch
 
-from adapters.anthropic import anthropic_params, message_result
+from adapters.anthropic import message_result
+from adapters.anthropic_format import messages_body
 from adapters.base import (
     BatchLayout,
     BatchLine,
@@ -61,9 +62,8 @@ class AnthropicBatches:
         self._client = anthropic.AsyncAnthropic(api_key=api_key or "not-needed", base_url=base_url, max_retries=0)
 
     def encode(self, custom_id: str, request: CallRequest) -> bytes:
-        # anthropic_params always sets max_tokens, which every Message Batches entry needs.
-        params = {"model": request.model, "messages": request.messages, **anthropic_params(request)}
-        return compact_json({"custom_id": custom_id, "params": params})
+        # messages_body always sets max_tokens, which every Message Batches entry needs.
+        return compact_json({"custom_id": custom_id, "params": messages_body(request)})
 
     async def upload(self, path: Path) -> str | None:
         return None  # the requests travel in the create call's body

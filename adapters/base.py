@@ -34,11 +34,13 @@ _READ_BYTES = 64 * 1024  # a streamed result file is read this much at a time
 
 @dataclass(frozen=True)
 class CallRequest:
-    """A request as stored in the ledger: system text, messages, params, response format."""
+    """A request as stored in the ledger: system, messages, params, response format. Messages
+    and their parts are as the caller wrote them (OpenAI's, Anthropic's or Gemini's words); the
+    system is text, or Anthropic's system blocks as given."""
 
     model: str
     messages: list[dict[str, Any]]
-    system: str | None = None
+    system: str | list[dict[str, Any]] | None = None
     params: dict[str, Any] = field(default_factory=dict)
     response_format: dict[str, Any] | None = None
     api: str | None = None  # chat | responses | messages; None: the provider's usual one

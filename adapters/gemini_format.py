@@ -12,28 +12,22 @@ and passed through unchanged, so a Gemini line loses nothing on its way through 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from adapters.base import (
-    CallRequest,
-    CallResult,
-    ToolCall,
-    arguments_text,
-    finish_reason,
-    joined,
-    token_count,
-)
+from adapters.anthropic_format import BLOCK_TYPES as ANTHROPIC_BLOCKS
+from adapters.anthropic_format import chat_conversation as anthropic_chat
+from adapters.base import CallRequest, CallResult, ToolCall, finish_reason, joined, token_count
+from adapters.base import arguments_text as answer_arguments
+from adapters.token_limit import OUTPUT_LIMIT_NAMES, output_limit, spare_limits
+from adapters.translation import Untranslatable, arguments_object, arguments_text, data_url
 
 # The ledger's params (OpenAI's names) and their `generationConfig` names.
 _TO_CONFIG = {
     "temperature": "temperature",
     "top_p": "topP",
     "top_k": "topK",
-    "max_tokens": "maxOutputTokens",
-    "max_completion_tokens": "maxOutputTokens",
-    "max_output_tokens": "maxOutputTokens",
     "stop": "stopSequences",
+    "stop_sequences": "stopSequences",
     "seed": "seed",
     "presence_penalty": "presencePenalty",
     "frequency_penalty": "frequencyPenalty",
@@ -66,27 +60,48 @@ _NATIVE_CONFIG = frozenset(
 )
 # Top-level request fields kept in params under Gemini's name.
 _NATIVE_REQUEST = frozenset({"safetySettings", "toolConfig", "cachedContent", "labels"})
+# Params written elsewhere in the request than `generationConfig` (not left out).
+_NOT_CONFIG = frozenset({*_NATIVE_REQUEST, *OUTPUT_LIMIT_NAMES, "tools", "tool_choice"})
+# OpenAI's and Anthropic's tool choices as Gemini's function-calling modes.
+_MODES = {"auto": "AUTO", "none": "NONE", "required": "ANY", "any": "ANY"}
+PROVIDER = "gemini"
 # Where the JSON schema of a structured answer goes.
 _SCHEMA_KEYS = ("responseJsonSchema", "responseSchema")
 
 
-def wire_request(call: CallRequest) -> dict[str, Any]:
-    """A stored request as Gemini's `GenerateContentRequest` (camelCase, without the model)."""
-    system: list[str] = [call.system] if call.system else []
+def wire_request(call: CallRequest, dropped: list[str] | None = None) -> dict[str, Any]:
+    """A stored request as Gemini's `GenerateContentRequest` (camelCase, without the model);
+    `dropped` collects the names of what is left out. `Untranslatable` for what Gemini cannot say."""
+    system, messages = call.system, call.messages
+    if isinstance(system, list) or any(_anthropic_shaped(m) for m in messages):
+        system, messages = anthropic_chat(system, messages, PROVIDER, dropped)
+    systems: list[str] = [system] if isinstance(system, str) and system else []
     contents: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # tool call id -> function name, for the tool results that follow
-    for message in call.messages:
+    results: dict[str, Any] | None = None  # the user content holding the latest tool results
+    for i, message in enumerate(messages):
         role = message.get("role")
         if role in ("system", "developer"):
-            system.append(_text(message.get("content")))
+            systems.append(_text(message.get("content")))
             continue
-        parts = _parts(message, names)
-        if parts:
+        if role == "tool":
+            if results is None:
+                results = {"role": "user", "parts": []}
+                contents.append(results)
+            results["parts"].append(_function_response(message, names))
+            continue
+        if "name" in message:
+            raise Untranslatable(f"messages[{i}].name", PROVIDER, "has no name for a message's author")
+        parts = _parts(message, names, i)
+        if results is not None and role == "user":  # text after tool results: the same turn
+            results["parts"].extend(parts)
+        elif parts:
             contents.append({"role": "model" if role in ("assistant", "model") else "user", "parts": parts})
+        results = None
     body: dict[str, Any] = {"contents": contents}
-    if system:
-        body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
-    config = _generation_config(call.params, call.response_format)
+    if systems:
+        body["systemInstruction"] = {"parts": [{"text": "\n\n".join(systems)}]}
+    config = _generation_config(call.params, call.response_format, dropped)
     if config:
         body["generationConfig"] = config
     tools = _tools(call.params.get("tools"))
@@ -95,46 +110,76 @@ def wire_request(call: CallRequest) -> dict[str, Any]:
     for key in _NATIVE_REQUEST:
         if key in call.params:
             body[key] = call.params[key]
+    if "tool_choice" in call.params and "toolConfig" not in call.params:
+        body["toolConfig"] = _tool_config(call.params["tool_choice"])
     return body
 
 
-def _parts(message: dict[str, Any], names: dict[str, str]) -> list[dict[str, Any]]:
-    """A message's content as Gemini parts: text blocks as text, Gemini's own parts unchanged, an
-    assistant's tool calls as `functionCall`, a tool's result as `functionResponse`."""
+def check(call: CallRequest) -> list[str]:
+    """What enqueue asks: the parameters left out of the request's body (`Untranslatable` raised)."""
+    dropped: list[str] = []
+    wire_request(call, dropped)
+    return dropped
+
+
+def _anthropic_shaped(message: dict[str, Any]) -> bool:
     content = message.get("content")
-    if message.get("role") == "tool":
-        call_id = str(message.get("tool_call_id") or "")
-        response = {"name": names.get(call_id, "tool"), "response": {"result": _text(content)}}
-        return [{"functionResponse": response | ({"id": call_id} if call_id else {})}]
+    return type(content) is list and any(
+        isinstance(p, dict) and (p.get("type") in ANTHROPIC_BLOCKS or "cache_control" in p) for p in content
+    )
+
+
+def _function_response(message: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """A tool message as a `functionResponse` part: its text as `{"result": text}`, named after
+    the call it answers."""
+    call_id = str(message.get("tool_call_id") or "")
+    name = names.get(call_id) or message.get("name") or "tool"
+    response = {"name": name, "response": {"result": _text(message.get("content"))}}
+    return {"functionResponse": response | ({"id": call_id} if call_id else {})}
+
+
+def _parts(message: dict[str, Any], names: dict[str, str], i: int) -> list[dict[str, Any]]:
+    """A message's content as Gemini parts: text blocks as text, images given as data as inline
+    data, Gemini's own parts unchanged, an assistant's tool calls as `functionCall`."""
+    content = message.get("content")
     parts: list[dict[str, Any]] = []
     if isinstance(content, str):
         if content:
             parts.append({"text": content})
     elif isinstance(content, list):
-        for block in content:
-            if not isinstance(block, dict):
-                continue
-            if "type" not in block:  # a Gemini part as a Gemini line gave it
+        for j, block in enumerate(content):
+            if not isinstance(block, dict) or "type" not in block:  # a Gemini part as a Gemini line gave it
                 parts.append(block)
             elif block.get("type") in ("text", "input_text", "output_text"):
                 parts.append({"text": str(block.get("text") or "")})
-    for call in message.get("tool_calls") or []:
+            elif block.get("type") == "image_url":
+                parts.append(_inline_image(block, f"messages[{i}].content[{j}]"))
+            else:
+                raise Untranslatable(f"messages[{i}].content[{j}].type", PROVIDER, f"has no {block.get('type')!r} part")
+    for k, call in enumerate(message.get("tool_calls") or []):
         function = call.get("function") or {}
         names[str(call.get("id") or "")] = str(function.get("name") or "")
-        arguments = function.get("arguments")
-        args = _json_object(arguments) if isinstance(arguments, str) else arguments
-        parts.append({"functionCall": {"name": function.get("name"), "args": args or {}}})
+        where = f"messages[{i}].tool_calls[{k}].function.arguments"
+        args = arguments_object(function.get("arguments"), where, PROVIDER)
+        call_id = call.get("id")
+        parts.append(
+            {"functionCall": {"name": function.get("name"), "args": args} | ({"id": call_id} if call_id else {})}
+        )
     return parts
 
 
-def _json_object(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {"arguments": text}
+def _inline_image(block: dict[str, Any], where: str) -> dict[str, Any]:
+    image = block.get("image_url")
+    url = str(image.get("url") if isinstance(image, dict) else image)
+    inline = data_url(url)
+    if inline is None:
+        raise Untranslatable(f"{where}.image_url", PROVIDER, "takes images only as data (a data: URL), not by URL")
+    return {"inlineData": {"mimeType": inline[0], "data": inline[1]}}
 
 
-def _generation_config(params: dict[str, Any], response_format: dict[str, Any] | None) -> dict[str, Any]:
+def _generation_config(
+    params: dict[str, Any], response_format: dict[str, Any] | None, dropped: list[str] | None = None
+) -> dict[str, Any]:
     config: dict[str, Any] = {}
     for name, value in params.items():
         if name in _TO_CONFIG and value is not None:
@@ -142,6 +187,13 @@ def _generation_config(params: dict[str, Any], response_format: dict[str, Any] |
             config[key] = [value] if key == "stopSequences" and isinstance(value, str) else value
         elif name in _NATIVE_CONFIG:
             config[name] = value
+        elif dropped is not None and name not in _NOT_CONFIG:
+            dropped.append(name)
+    limit = output_limit(params)
+    if limit is not None:
+        config["maxOutputTokens"] = limit
+        if dropped is not None:
+            dropped.extend(spare_limits(params))
     if response_format is not None:
         kind = response_format.get("type")
         if kind == "json_schema":
@@ -156,19 +208,21 @@ def _generation_config(params: dict[str, Any], response_format: dict[str, Any] |
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
-    """OpenAI's function tools as one Gemini `functionDeclarations` tool; Gemini's own tools
-    (`functionDeclarations`, `googleSearch`, ...) unchanged."""
+    """OpenAI's and Anthropic's function tools as one Gemini `functionDeclarations` tool; Gemini's
+    own tools (`functionDeclarations`, `googleSearch`, ...) unchanged; any other kind refused."""
     if not isinstance(tools, list):
         return []
     declarations: list[dict[str, Any]] = []
     native: list[dict[str, Any]] = []
-    for tool in tools:
+    for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             continue
         if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
             spec = tool["function"]
         elif "input_schema" in tool and "name" in tool:  # Anthropic's shape
             spec = {"name": tool["name"], "description": tool.get("description"), "parameters": tool["input_schema"]}
+        elif "type" in tool:
+            raise Untranslatable(f"params.tools[{i}].type", PROVIDER, f"has no {tool['type']!r} tool")
         else:
             native.append(tool)
             continue
@@ -177,6 +231,84 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
             declaration["parametersJsonSchema"] = spec["parameters"]
         declarations.append(declaration)
     return ([{"functionDeclarations": declarations}] if declarations else []) + native
+
+
+def _tool_config(choice: Any) -> dict[str, Any]:
+    """OpenAI's or Anthropic's `tool_choice` as Gemini's `toolConfig.functionCallingConfig`."""
+    if isinstance(choice, str) and choice in _MODES:
+        return {"functionCallingConfig": {"mode": _MODES[choice]}}
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        name = (choice.get("function") or {}).get("name") if kind == "function" else choice.get("name")
+        if kind in ("function", "tool") and name:
+            return {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": [name]}}
+        if kind in _MODES:
+            return {"functionCallingConfig": {"mode": _MODES[kind]}}
+    raise Untranslatable("params.tool_choice", PROVIDER, f"has no tool choice {choice!r}")
+
+
+# -- Gemini's parts in OpenAI's words, for the other providers' writers -----------------------
+
+
+def chat_conversation(messages: list[dict[str, Any]], provider: str, dropped: list[str] | None) -> list[dict[str, Any]]:
+    """Stored messages with every Gemini part in OpenAI chat's words: `functionCall` parts as
+    `tool_calls` (ids as Gemini gave them, else `call_N`), `functionResponse` parts as `tool`
+    messages answering them, inline images as `image_url` data. What chat cannot say is refused."""
+    out: list[dict[str, Any]] = []
+    pending: list[tuple[str, str]] = []  # (id, name) of the calls not answered yet
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if type(content) is not list or all(isinstance(p, dict) and "type" in p for p in content):
+            out.append(message)
+            continue
+        texts: list[dict[str, Any]] = []
+        calls: list[dict[str, Any]] = []
+        for j, part in enumerate(content):
+            at = f"messages[{i}].content[{j}]"
+            if not isinstance(part, dict):
+                raise Untranslatable(at, provider, "takes content parts only as objects")
+            if dropped is not None and "thoughtSignature" in part:
+                dropped.append("thoughtSignature")
+            if "functionCall" in part:
+                call = part["functionCall"]
+                call_id = str(call.get("id") or f"call_{len(pending) + len(calls)}")
+                function = {"name": call.get("name"), "arguments": arguments_text(call.get("args") or {})}
+                calls.append({"id": call_id, "type": "function", "function": function})
+            elif "functionResponse" in part:
+                out.append(_tool_message(part["functionResponse"], pending))
+            elif "text" in part and not part.get("thought"):
+                texts.append({"type": "text", "text": str(part["text"])})
+            elif "inlineData" in part:
+                data = part["inlineData"]
+                url = f"data:{data.get('mimeType')};base64,{data.get('data')}"
+                texts.append({"type": "image_url", "image_url": {"url": url}})
+            elif "type" not in part:
+                raise Untranslatable(at, provider, f"has no part like Gemini's {sorted(part)[0]!r}")
+            else:
+                texts.append(part)
+        pending.extend((c["id"], c["function"]["name"]) for c in calls)
+        out.extend(_chat_turn(message.get("role"), texts, calls))
+    return out
+
+
+def _tool_message(response: dict[str, Any], pending: list[tuple[str, str]]) -> dict[str, Any]:
+    name = response.get("name")
+    found = next((p for p in pending if response.get("id") in (p[0], None) and p[1] == name), None)
+    if found is not None:
+        pending.remove(found)
+    call_id = str(response.get("id") or (found[0] if found else name))
+    said = response.get("response")
+    text = said["result"] if isinstance(said, dict) and set(said) == {"result"} else arguments_text(said or {})
+    return {"role": "tool", "tool_call_id": call_id, "content": str(text)}
+
+
+def _chat_turn(role: Any, parts: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    plain = all(p.get("type") == "text" for p in parts)
+    content: Any = "".join(str(p.get("text")) for p in parts) if plain else parts
+    if role == "assistant":
+        turn: dict[str, Any] = {"role": "assistant", "content": content or None}
+        return [turn | ({"tool_calls": calls} if calls else {})]
+    return [{"role": "user", "content": content}] if parts else []
 
 
 # -- a Gemini batch-input line, read at enqueue ----------------------------------------------
@@ -306,7 +438,7 @@ def content_result(body: Any, status_code: int = 200, body_text: str | None = No
         if isinstance(part.get("functionCall"), dict):
             call = part["functionCall"]
             call_id = str(call.get("id") or f"call_{i}")
-            calls.append(ToolCall(call_id, str(call.get("name") or ""), arguments_text(call.get("args") or {})))
+            calls.append(ToolCall(call_id, str(call.get("name") or ""), answer_arguments(call.get("args") or {})))
         elif part.get("thought"):
             thoughts.append(str(part.get("text") or ""))
         elif "text" in part:

@@ -25,23 +25,9 @@ from adapters.base import (
     token_count,
     with_rate_limits,
 )
+from adapters.openai_chat import chat_body
 from adapters.openai_responses import RESPONSES_API, responses_body, responses_result
-
-
-def openai_messages(request: CallRequest) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    if request.system:
-        messages.append({"role": "system", "content": request.system})
-    messages.extend(request.messages)
-    return messages
-
-
-def chat_body(request: CallRequest) -> dict[str, Any]:
-    """The chat completions body of a stored request (online calls and batch lines alike)."""
-    body: dict[str, Any] = {"model": request.model, "messages": openai_messages(request), **request.params}
-    if request.response_format is not None:
-        body["response_format"] = request.response_format
-    return body
+from adapters.token_limit import output_limit
 
 
 class OpenAIAdapter:
@@ -63,14 +49,13 @@ class OpenAIAdapter:
         # and its answer is read raw anyway. Auth, headers, timeouts and the SDK's error
         # classes are the same on both paths.
         if request.api == RESPONSES_API:
-            path, body, read = "/responses", responses_body(request), responses_result
+            path, body, read = "/responses", responses_body(request, self.name), responses_result
         else:
-            path, body, read = "/chat/completions", chat_body(request), completion_result
+            path, body, read = "/chat/completions", chat_body(request, self.name), completion_result
         with sdk_errors(openai, message=_short):
             response = await self._client.post(path, cast_to=httpx2.Response, body=body, options={"timeout": timeout})
         result = read(json_body(response.text, response.status_code), response.status_code, response.text)
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
-        return with_rate_limits(result, response.headers, max_tokens)
+        return with_rate_limits(result, response.headers, output_limit(body))
 
     async def aclose(self) -> None:
         await self._client.close()

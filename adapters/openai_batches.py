@@ -27,7 +27,8 @@ from adapters.base import (
     nonblank_lines,
     sdk_errors,
 )
-from adapters.openai import chat_body, completion_result
+from adapters.openai import completion_result
+from adapters.openai_chat import chat_body
 from adapters.openai_responses import ENDPOINT as RESPONSES_ENDPOINT
 from adapters.openai_responses import RESPONSES_API, responses_body, responses_result
 
@@ -55,9 +56,9 @@ class OpenAIBatches:
 
     def encode(self, custom_id: str, request: CallRequest) -> bytes:
         if request.api == RESPONSES_API:
-            url, body = self.responses_url, responses_body(request)
+            url, body = self.responses_url, responses_body(request, self.name)
         else:
-            url, body = self.chat_url, chat_body(request)
+            url, body = self.chat_url, chat_body(request, self.name)
         return compact_json({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
 
     async def upload(self, path: Path) -> str | None:

@@ -27,20 +27,131 @@ from adapters.base import (
     raise_error_in_body,
     token_count,
 )
+from adapters.token_limit import OUTPUT_LIMIT_NAMES, output_limit, spare_limits
+from adapters.translation import Untranslatable
 
 RESPONSES_API: Final = "responses"
+# `ResponseCreateParams` of the pinned openai SDK (3.57) besides model, input and instructions
+# (and `stream`, which enqueue refuses when true): what the API takes.
+RESPONSES_PARAMS: Final = frozenset(
+    {
+        "access_programs",
+        "background",
+        "background_options",
+        "context_management",
+        "conversation",
+        "image",
+        "include",
+        "max_output_tokens",
+        "max_tool_calls",
+        "metadata",
+        "moderation",
+        "parallel_tool_calls",
+        "previous_response_id",
+        "prompt",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "reasoning",
+        "safety_identifier",
+        "service_tier",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "text",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "truncation",
+        "user",
+    }
+)
 ENDPOINT: Final = "/v1/responses"
 # Why a response is incomplete (`incomplete_details.reason`), in the ledger's words.
 _INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
 
 
-def responses_body(request: CallRequest) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": request.model, "input": request.messages, **request.params}
+def responses_body(request: CallRequest, provider: str = "openai", dropped: list[str] | None = None) -> dict[str, Any]:
+    """The Responses API body of a stored request (online calls and batch lines alike); OpenAI and
+    Azure get only the parameters its `ResponseCreateParams` has, the output limit as
+    `max_output_tokens` (`dropped` collects the names of what is left out)."""
+    body: dict[str, Any] = {"model": request.model, "input": request.messages}
+    known_only = provider in ("openai", "azure")
+    params = request.params
+    for name, value in params.items():
+        if name in OUTPUT_LIMIT_NAMES:
+            continue
+        if not known_only or name in RESPONSES_PARAMS:
+            body[name] = value
+        elif dropped is not None:
+            dropped.append(name)
+    limit = output_limit(params)
+    if limit is not None:
+        body["max_output_tokens"] = limit
+        if dropped is not None:
+            dropped.extend(spare_limits(params))
     if request.system:
         body["instructions"] = request.system
     if request.response_format is not None:
         body["text"] = {**(body.get("text") or {}), "format": text_format(request.response_format)}
     return body
+
+
+def check(request: CallRequest, provider: str = "openai") -> list[str]:
+    """What enqueue asks: the parameters left out of the request's body; `Untranslatable` for a chat
+    message the Responses API has no such form of (its tool calls and results are typed items)."""
+    for i, message in enumerate(request.messages):
+        if message.get("role") == "tool" or "tool_calls" in message:
+            where = f"messages[{i}].{'tool_calls' if 'tool_calls' in message else 'role'}"
+            raise Untranslatable(
+                where, provider, "takes tool calls and results as function_call items in api 'responses'"
+            )
+    dropped: list[str] = []
+    responses_body(request, provider, dropped)
+    return dropped
+
+
+# Body keys of a Responses line that are not parameters (`stream` and `background` stay: enqueue
+# refuses a true one; `metadata` is kept as the request's trace).
+_NOT_PARAMS = frozenset({"model", "input", "instructions", "metadata"})
+
+
+def line_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API body's request fields: a string input is one user message, `instructions`
+    the system, a JSON schema in `text.format` the response format (chat's shape); the rest of the
+    body the parameters."""
+    if "input" not in body:
+        raise ValueError("missing 'input'")
+    given = body["input"]
+    if isinstance(given, str):
+        messages: Any = [{"role": "user", "content": given}]
+    elif isinstance(given, list):
+        messages = given
+    else:
+        raise ValueError("input must be a string or a list of input items")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise ValueError("instructions must be a string")
+    params = {k: v for k, v in body.items() if k not in _NOT_PARAMS}
+    response_format = None
+    text = params.get("text")
+    if isinstance(text, dict):
+        response_format = chat_response_format(text.get("format"))
+        if response_format is not None:
+            rest = {k: v for k, v in text.items() if k != "format"}
+            if rest:
+                params["text"] = rest
+            else:
+                del params["text"]
+    return {
+        "messages": messages,
+        "system": instructions or None,
+        "params": params,
+        "response_format": response_format,
+        "api": RESPONSES_API,
+    }
 
 
 def text_format(response_format: dict[str, Any]) -> dict[str, Any]:

@@ -6,20 +6,26 @@ never imports an SDK.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cache, partial
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from adapters.base import Adapter, BatchAdapter
+    from adapters.base import Adapter, BatchAdapter, CallRequest
     from ledger.settings import Settings
 
 PROVIDER_NAMES = frozenset({"openai", "anthropic", "azure", "gemini", "openai-compatible", "mock"})
+# The APIs a request may name (`api`), and the providers whose servers answer OpenAI's Responses
+# API (vLLM and others serve `/v1/responses`).
+APIS = ("chat", "responses", "messages")
+RESPONSES_PROVIDERS = frozenset({"openai", "azure", "openai-compatible", "mock"})
 # Providers with a batch API; requests for the others with delivery=batch go online.
 BATCH_PROVIDERS = frozenset({"openai", "anthropic", "azure", "gemini"})
 # Providers whose adapter sends a JSON schema the model must follow: structured batching
 # (BATCHING_ENABLED) asks them for every dimension at once; the others get one request
 # per dimension (seed 000 FR-004). Matches each adapter's `supports_structured_output`.
-STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "azure", "gemini", "mock"})
+STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "anthropic", "azure", "gemini", "mock"})
 # The providers' own endpoints, which refuse a call without a key: (the key's variable, the base
 # URL's variable, the host the SDK calls when that is unset). Azure's are the resource hosts
 # under these domains.
@@ -55,6 +61,38 @@ def missing_key(provider: str, settings: Settings) -> str | None:
     if key or host != default_host:
         return None
     return f"{key_variable} is not set: provider {provider!r} calls {host}, which needs it (or set {url_variable})"
+
+
+def api_for(provider: str, api: str | None) -> str:
+    """The API a request is called with: the Responses API when asked for, else the provider's
+    own wire format (a chat request replayed on Anthropic is a Messages request, and back)."""
+    if api == "responses":
+        return api
+    return "messages" if provider == "anthropic" else "chat"
+
+
+@cache  # asked once per enqueued request: the lookup, not the imports, each time
+def wire_check(provider: str, api: str | None) -> Callable[[CallRequest], list[str]] | None:
+    """The pure check enqueue makes of a request for `provider` (SDK-free: the module that writes
+    its body): the names of the parameters left out, or `Untranslatable` for what the provider's
+    API cannot express. None: the provider takes requests as given (the in-process mock)."""
+    if provider == "anthropic":
+        from adapters.anthropic_format import check
+
+        return check
+    if provider == "gemini":
+        from adapters.gemini_format import check as gemini_check
+
+        return gemini_check
+    if provider == "mock":
+        return None
+    if api == "responses":
+        from adapters.openai_responses import check as responses_check
+
+        return partial(responses_check, provider=provider)
+    from adapters.openai_chat import check as chat_check
+
+    return partial(chat_check, provider=provider)
 
 
 def make_adapter(provider: str, settings: Settings) -> Adapter:

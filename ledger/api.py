@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 
 from ledger import events
-from ledger.enqueue import EnqueueError, RequestSpec, as_spec, build_spec, to_row
+from ledger.enqueue import EnqueueError, RequestSpec, as_spec, build_spec, to_row, warn_dropped
 from ledger.settings import Settings, load_settings
 from ledger.spec import JobSpec, load_spec, spec_from_mapping
 from ledger.store import EnqueueResult, Store
@@ -56,6 +56,7 @@ class Ledger:
         spec = as_spec(spec) if spec is not None else build_spec(**fields)
         result = enqueue_specs(self.store, self.settings, [spec], single=True)
         announce(result)
+        warn_dropped(result.dropped)
         if result.inserted_rows:
             return int(result.inserted_rows[0]["id"])
         row = to_row(spec, self.settings.compatible_base_url, self.settings.prices)
@@ -76,6 +77,7 @@ class Ledger:
             raise EnqueueError(f"enqueue_many takes a list of requests, got one {type(specs).__name__}")
         result = enqueue_specs(self.store, self.settings, specs)
         announce(result)
+        warn_dropped(result.dropped)
         return result
 
     async def aenqueue(self, spec: RequestSpec | Mapping[str, Any] | None = None, /, **fields: Any) -> int:

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ledger.cli_jobs import register_job_commands
 from ledger.cli_mock import register_mock_command
@@ -30,7 +31,7 @@ from ledger.console import (
     settings_or_exit,
     text_of,
 )
-from ledger.enqueue import Defaults
+from ledger.enqueue import Defaults, dropped_warnings
 from ledger.settings import Settings
 from ledger.statuses import Delivery, RequestStatus
 
@@ -117,6 +118,8 @@ def enqueue(
     with operator_errors():
         result = enqueue_file(store, settings, file, defaults)
     announce(result)
+    for line in dropped_warnings(result.dropped):
+        err.print(f"warning: {line}", highlight=False, soft_wrap=True, markup=False)
     hits = f", {result.cached} answered from the cache" if result.cached else ""
     twins = f", {result.twins} waiting for an identical request in flight" if result.twins else ""
     dup = f", {result.duplicates} already queued (skipped)" if result.duplicates else ""
@@ -179,7 +182,9 @@ def show(
             )
     for key, value in found.items():
         if value is not None and key not in _SHOWN_APART:
-            out.print(f"[bold]{key}[/]: {text_of(value)}", highlight=False)
+            # One line each, as stored: a request's conversation is printed whole, never wrapped,
+            # and brackets in it are not styling.
+            out.print(Text.assemble((key, "bold"), f": {text_of(value)}"), highlight=False, soft_wrap=True)
     _print_answer(found)
     if lineage["sources"] or lineage["built_from_it"]:
         out.print(f"sources: {', '.join(map(str, lineage['sources'])) or '-'}", highlight=False)
@@ -310,6 +315,7 @@ def export_line(row: dict[str, Any]) -> dict[str, Any]:
         "sources": row["sources"],
         "cached_from": row["cached_from"],
         "sample": row["sample"],
+        "dropped_params": row["dropped_params"],
         "usage": {
             "input_tokens": row["input_tokens"],
             "output_tokens": row["output_tokens"],

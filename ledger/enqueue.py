@@ -1,9 +1,12 @@
 """Turning what stages hand us into provider-neutral `llm_requests` rows.
 
-A request is stored the same way whichever shape it arrived in (an OpenAI Batch
-input line, a bare chat body, an Anthropic batch line, a Python call): system
-text, messages, params, response format. Adapters translate at call time, so a
-file prepared for one provider can be replayed on another.
+A request is stored as its caller wrote it, whichever shape it arrived in (an OpenAI
+Batch input line, a bare chat body, an Anthropic batch line, a Gemini batch line, a
+Python call): system, messages, params, response format, each message and part in its
+own provider's words (tool calls, tool results, content parts, cache marks: nothing is
+left out). The adapter of the provider that answers translates at call time, so a file
+prepared for one provider can be replayed on another; what that provider cannot express
+is refused here, and parameters it does not take are named (`dropped_params`).
 
 The idempotency key is the caller's `custom_id` or, when absent, a hash of the
 request's content: enqueuing the same file twice adds nothing. The same key with a
@@ -21,6 +24,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import logging
 import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -31,9 +35,11 @@ from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from adapters import gemini_format
-from adapters.openai_responses import RESPONSES_API, chat_response_format
-from adapters.registry import PROVIDER_NAMES
+from adapters.base import CallRequest
+from adapters.input_lines import custom_id_of, read_line
+from adapters.openai_responses import RESPONSES_API
+from adapters.registry import APIS, PROVIDER_NAMES, RESPONSES_PROVIDERS, api_for, wire_check
+from adapters.translation import Untranslatable
 from ledger.fingerprint import body_hash, cache_key, canonical, json_texts
 from ledger.params import params_problem
 from ledger.parsing import PARSERS, parse_name
@@ -43,10 +49,6 @@ from ledger.settings import DEFAULT_MAX_LINE_BYTES
 from ledger.statuses import Delivery
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
-# Body keys that are not sampling parameters.
-_NOT_PARAMS = {"model", "messages", "system", "response_format", "metadata", "stream", "stream_options"}
-# The same for a Responses API body (`stream` and `background` stay: a true one is refused).
-_NOT_RESPONSES_PARAMS = {"model", "input", "instructions", "metadata"}
 # Column lengths (ledger/models.py): PostgreSQL refuses a longer value half-way through an insert.
 KEY_MAX_CHARS = 200
 _INT32 = 2**31 - 1
@@ -70,7 +72,8 @@ class RequestSpec(BaseModel):
 
     model: str = Field(min_length=1, max_length=200)
     messages: list[dict[str, Any]] = Field(min_length=1)
-    system: str | None = None
+    # Text, or Anthropic's system blocks as given (a list: `cache_control` marks kept).
+    system: str | list[dict[str, Any]] | None = None
     provider: str = "openai"
     params: dict[str, Any] = Field(default_factory=dict)
     response_format: dict[str, Any] | None = None
@@ -124,10 +127,16 @@ class RequestSpec(BaseModel):
                 raise ValueError(f"messages[{i}] is not an object")
             if _typed_item(message):  # a Responses API input item (a function call's output, ...)
                 continue
-            if message.get("role") not in _ROLES:
-                raise ValueError(f"messages[{i}].role {message.get('role')!r} is not one of {sorted(_ROLES)}")
-            if not isinstance(message.get("content"), str | list):
+            role = message.get("role")
+            if role not in _ROLES:
+                raise ValueError(f"messages[{i}].role {role!r} is not one of {sorted(_ROLES)}")
+            content = message.get("content")
+            if content is None and role == "assistant" and message.get("tool_calls"):
+                continue  # how OpenAI itself writes a turn that is only tool calls
+            if not isinstance(content, str | list):
                 raise ValueError(f"messages[{i}].content must be a string or a list of content parts")
+            if role == "tool" and not message.get("tool_call_id"):
+                raise ValueError(f"messages[{i}].tool_call_id: a tool message needs the id of the call it answers")
         if all(message.get("role") in ("system", "developer") for message in value):
             raise ValueError("messages: needs at least one user message besides the system prompt")
         return value
@@ -208,28 +217,15 @@ class Defaults:
     cache: bool | None = None  # False: --no-cache
 
 
-APIS = ("chat", RESPONSES_API, "messages")
-# Providers whose servers answer OpenAI's Responses API (vLLM and others serve `/v1/responses`).
-RESPONSES_PROVIDERS = frozenset({"openai", "azure", "openai-compatible", "mock"})
-
-
-def api_for(provider: str, api: str | None) -> str:
-    """The API a request is called with: the Responses API when asked for, else the provider's
-    own wire format (a chat request replayed on Anthropic is a Messages request, and back)."""
-    if api == RESPONSES_API:
-        return api
-    return "messages" if provider == "anthropic" else "chat"
-
-
 def _typed_item(message: Any) -> bool:
     """A Responses API input item that is not a message: `{"type": "function_call_output", ...}`."""
     return isinstance(message, dict) and "role" not in message and message.get("type") not in (None, "message")
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+def _plain_system(message: dict[str, Any]) -> bool:
+    """A chat request's leading `{"role": "system", "content": "..."}`: stored as the system text
+    (as every request was before its messages were kept whole, so its keys stay what they were)."""
+    return message.get("role") == "system" and type(message.get("content")) is str and len(message) == 2
 
 
 def to_row(
@@ -255,18 +251,12 @@ def checked_row(
     so SQLite never keeps a request PostgreSQL would refuse: NaN, a NUL character, an
     unpaired surrogate, an object JSON has no form for) or a request over `max_bytes`.
     """
-    system_parts = [spec.system] if spec.system else []
-    messages: list[dict[str, Any]] = []
     api = api_for(spec.provider, spec.api)
-    if api == RESPONSES_API:  # input items as given (typed items too); `instructions` is the system
-        messages = list(spec.messages)
-    else:
-        for message in spec.messages:
-            if message["role"] in ("system", "developer"):
-                system_parts.append(_text_of(message["content"]))
-            else:
-                messages.append({"role": message["role"], "content": message["content"]})
-    input_ = {"system": "\n\n".join(system_parts) or None, "messages": messages}
+    system, messages = spec.system or None, list(spec.messages)
+    if api != RESPONSES_API and system is None and _plain_system(messages[0]):
+        system, messages = messages[0]["content"], messages[1:]
+    input_ = {"system": system, "messages": messages}
+    dropped = provider_check(spec, input_, api)
     endpoint = spec.endpoint or endpoint_for(spec.provider, spec.model, compatible_base_url)
     row: dict[str, Any] = {
         "job_id": spec.job_id,
@@ -285,6 +275,7 @@ def checked_row(
         "sources": spec.sources,
         "sample": spec.sample,
         "use_cache": spec.cache,
+        "dropped_params": dropped,
     }
     try:
         texts = json_texts(row)
@@ -313,6 +304,42 @@ def checked_row(
     if size > max_bytes:
         raise EnqueueError(f"request is {size} bytes as stored, over the limit of {max_bytes} (LEDGER_MAX_LINE_BYTES)")
     return row, texts
+
+
+def provider_check(spec: RequestSpec, input_: dict[str, Any], api: str) -> list[str] | None:
+    """The target provider's own check of the request (its adapter module, no SDK): the names of
+    the parameters it leaves out (sorted, once each; None for none), or `EnqueueError` naming
+    what its API cannot express."""
+    check = wire_check(spec.provider, api)
+    if check is None:
+        return None
+    call = CallRequest(spec.model, input_["messages"], input_["system"], spec.params, spec.response_format, api)
+    try:
+        dropped = check(call)
+    except Untranslatable as exc:
+        raise EnqueueError(str(exc)) from None
+    return sorted(set(dropped)) or None
+
+
+def count_dropped(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], int]:
+    """(provider, parameter) -> how many of `rows` it was left out of."""
+    counts: dict[tuple[str, str], int] = {}
+    for row in rows:
+        for name in row.get("dropped_params") or ():
+            counts[(row["provider"], name)] = counts.get((row["provider"], name), 0) + 1
+    return counts
+
+
+def dropped_warnings(counts: Mapping[tuple[str, str], int]) -> list[str]:
+    """One line per (provider, parameter) left out: `anthropic takes no temperature: left out of
+    3 request(s)` (the enqueue prints them as warnings, the Python API and jobs log them)."""
+    return [f"{provider} takes no {name}: left out of {n} request(s)" for (provider, name), n in sorted(counts.items())]
+
+
+def warn_dropped(counts: Mapping[tuple[str, str], int]) -> None:
+    """A logged warning per parameter left out of requests (the Python API's and jobs' enqueues)."""
+    for line in dropped_warnings(counts):
+        logging.getLogger("ledger.enqueue").warning(line)
 
 
 def _unstorable(row: dict[str, Any]) -> str:
@@ -360,54 +387,24 @@ def _digest(obj: Any) -> str:
 
 
 def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
-    """Read one JSONL object in any of the accepted shapes."""
+    """Read one JSONL object in any of the accepted shapes (`adapters.input_lines` knows them)."""
     if not isinstance(obj, dict):
         raise EnqueueError("line is not a JSON object")
-    gemini_line = isinstance(obj.get("request"), dict) and "key" in obj  # Gemini Batch input: key + request
-    custom_id = obj.get("key") if gemini_line else obj.get("custom_id")
+    custom_id = custom_id_of(obj)
     if custom_id is not None and not isinstance(custom_id, str | int):
         raise EnqueueError(f"custom_id must be a string, got {type(custom_id).__name__}")
     if custom_id is not None and not 1 <= len(str(custom_id)) <= KEY_MAX_CHARS:
         raise EnqueueError(f"custom_id must be 1 to {KEY_MAX_CHARS} characters, got {len(str(custom_id))}")
     ledger_fields = _ledger_fields(obj, defaults)
-    if gemini_line:
-        return _gemini_spec(obj, custom_id, defaults, ledger_fields)
-    provider = api = None
-    if "body" in obj:  # OpenAI Batch input line
-        body = obj["body"]
-        url = str(obj.get("url", "/v1/chat/completions")).rstrip("/")
-        if url.endswith("/messages"):
-            provider = "anthropic"
-        elif url.endswith("/responses"):
-            api = RESPONSES_API
-        elif not url.endswith("/chat/completions"):
-            raise EnqueueError(
-                f"url {url!r} is not a model endpoint (/v1/chat/completions, /v1/responses or /v1/messages)"
-            )
-    elif "params" in obj and custom_id is not None:  # Anthropic Message Batches line
-        body, provider = obj["params"], "anthropic"
-    else:  # a bare request body: chat's (`messages`) or the Responses API's (`input`)
-        body = obj
-        if isinstance(body, dict) and "input" in body and "messages" not in body:
-            api = RESPONSES_API
-    if not isinstance(body, dict):
-        raise EnqueueError("request body is not a JSON object")
-    if body is obj:  # a bare body: the ledger's own keys are not the provider's
-        body = {k: v for k, v in body.items() if k not in LEDGER_LINE_KEYS}
-    if api == RESPONSES_API:
-        return _responses_spec(body, custom_id, defaults, ledger_fields)
-    if "messages" not in body:
-        raise EnqueueError("missing 'messages'")
-    system = body.get("system")
+    try:
+        line = read_line(obj, LEDGER_LINE_KEYS)
+    except ValueError as exc:
+        raise EnqueueError(str(exc)) from None
     fields: dict[str, Any] = {
-        "model": defaults.model or body.get("model") or "",
-        "messages": body["messages"],
-        "system": _text_of(system) if system else None,
-        "provider": defaults.provider or provider or "openai",
-        "params": {k: v for k, v in body.items() if k not in _NOT_PARAMS},
-        "response_format": body.get("response_format"),
+        **line.fields,
+        "model": defaults.model or line.fields.get("model") or "",
+        "provider": defaults.provider or line.provider or "openai",
         "idempotency_key": str(custom_id) if custom_id is not None else None,
-        "trace": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
         "job_id": defaults.job_id,
         **ledger_fields,
     }
@@ -427,69 +424,6 @@ def _ledger_fields(obj: dict[str, Any], defaults: Defaults) -> dict[str, Any]:
     if defaults.cache is False:
         found["cache"] = False
     return found
-
-
-def _responses_spec(
-    body: dict[str, Any], custom_id: Any, defaults: Defaults, ledger_fields: dict[str, Any]
-) -> RequestSpec:
-    """A Responses API body (`input`, `instructions`, `text.format`, ...) as a spec: a string
-    input is one user message; a JSON schema in `text.format` is the response format."""
-    if "input" not in body:
-        raise EnqueueError("missing 'input'")
-    given = body["input"]
-    if isinstance(given, str):
-        messages: Any = [{"role": "user", "content": given}]
-    elif isinstance(given, list):
-        messages = given
-    else:
-        raise EnqueueError("input must be a string or a list of input items")
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise EnqueueError("instructions must be a string")
-    params = {k: v for k, v in body.items() if k not in _NOT_RESPONSES_PARAMS}
-    response_format = None
-    text = params.get("text")
-    if isinstance(text, dict):
-        response_format = chat_response_format(text.get("format"))
-        if response_format is not None:
-            rest = {k: v for k, v in text.items() if k != "format"}
-            if rest:
-                params["text"] = rest
-            else:
-                del params["text"]
-    fields: dict[str, Any] = {
-        "model": defaults.model or body.get("model") or "",
-        "messages": messages,
-        "system": instructions or None,
-        "provider": defaults.provider or "openai",
-        "params": params,
-        "response_format": response_format,
-        "idempotency_key": str(custom_id) if custom_id is not None else None,
-        "trace": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
-        "job_id": defaults.job_id,
-        "api": RESPONSES_API,
-        **ledger_fields,
-    }
-    return _line_spec(fields, defaults)
-
-
-def _gemini_spec(obj: dict[str, Any], custom_id: Any, defaults: Defaults, ledger_fields: dict[str, Any]) -> RequestSpec:
-    """A Gemini Batch input line (`{"key", "request": GenerateContentRequest}`) in the ledger's
-    vocabulary; its model from --model, the line's `model` key, or the request's."""
-    try:
-        found = gemini_format.ledger_fields(obj["request"])
-    except ValueError as exc:
-        raise EnqueueError(str(exc)) from None
-    named = found.pop("model", None)
-    fields: dict[str, Any] = {
-        **found,
-        "model": defaults.model or obj.get("model") or named or "",
-        "provider": defaults.provider or "gemini",
-        "idempotency_key": str(custom_id),
-        "job_id": defaults.job_id,
-        **ledger_fields,
-    }
-    return _line_spec(fields, defaults)
 
 
 def _line_spec(fields: dict[str, Any], defaults: Defaults) -> RequestSpec:

@@ -35,7 +35,7 @@ BODY_FIELDS = (
 # A request for OpenAI's Responses API asks something else than the same input as chat.
 RESPONSES = "responses"
 # The columns stored as JSON: an enqueue sends them as this text (`canonical`).
-JSON_FIELDS = ("input", "params", "response_format", "trace", "sources")
+JSON_FIELDS = ("input", "params", "response_format", "trace", "sources", "dropped_params")
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

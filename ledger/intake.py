@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,7 @@ class Intake:
         self.rows_per_chunk, self.duty = store.dialect.enqueue_pacing()
         self.pause = pause
         self.columns = ROW_COLUMNS[1:]  # fair_seq is numbered when written
+        self.dropped: Counter[tuple[str, str]] = Counter()  # (provider, parameter) left out -> requests
 
     def run(self, specs: Iterable[tuple[int, RequestSpec | Mapping[str, Any]]]) -> EnqueueResult:
         staging = Staging(self.columns)
@@ -120,6 +122,8 @@ class Intake:
         except EnqueueError as exc:
             raise EnqueueError(self._at(pos, str(exc))) from None
         values = tuple(texts[c] if c in texts else row.get(c) for c in self.columns)
+        if row["dropped_params"]:
+            self.dropped.update((row["provider"], name) for name in row["dropped_params"])
         custom = spec.idempotency_key is not None
         return Entry(pos, row["idempotency_key"], row["body_hash"], row["job_id"], custom, values)
 
@@ -200,7 +204,13 @@ class Intake:
             if self.duty < 1 and self._a_daemon_may_wait():  # let it in before the next chunk
                 self.pause(took * (1 - self.duty) / self.duty)
         return EnqueueResult(
-            added, duplicates, self.store.queue_depth(), inserted if keep else [], cached=cached, twins=twins
+            added,
+            duplicates,
+            self.store.queue_depth(),
+            inserted if keep else [],
+            cached=cached,
+            twins=twins,
+            dropped=dict(self.dropped),
         )
 
     def _a_daemon_may_wait(self) -> bool:

@@ -28,7 +28,7 @@ from sqlalchemy.exc import DBAPIError
 
 from adapters.registry import STRUCTURED_OUTPUT_PROVIDERS
 from ledger import events
-from ledger.enqueue import to_row
+from ledger.enqueue import count_dropped, to_row, warn_dropped
 from ledger.evaluation import Plan, elapsed_seconds, plan, requests_for, single_request
 from ledger.parsing import derive
 from ledger.record import DbLane
@@ -62,6 +62,7 @@ def trigger(store: Store, settings: Settings, spec: JobSpec) -> Staged:
     """
     structured_for = STRUCTURED_OUTPUT_PROVIDERS if settings.batching_enabled else frozenset()
     rows = [to_row(r, settings.compatible_base_url, settings.prices) for r in requests_for(spec, structured_for)]
+    warn_dropped(count_dropped(rows))
     job = {
         "id": spec.id,
         "spec": {"job": spec.to_json(), "limits": limits_of(settings)},
@@ -122,9 +123,9 @@ def advance(store: Store, settings: Settings, job: dict[str, Any]) -> Step:
     _save(store, job_id, found, rows)
     if found.gaps:
         gap_specs = [single_request(spec, agent, dimension, sample) for agent, dimension, sample in found.gaps]
-        added = store.add_job_requests(
-            job_id, [to_row(r, settings.compatible_base_url, settings.prices) for r in gap_specs], settings.cache_policy
-        )
+        gap_rows = [to_row(r, settings.compatible_base_url, settings.prices) for r in gap_specs]
+        warn_dropped(count_dropped(gap_rows))
+        added = store.add_job_requests(job_id, gap_rows, settings.cache_policy)
         for hit in added.hits:
             events.cache_hit(hit.request_id, hit.cached_from)
         store.set_job_phase(job_id, "filling_gaps")

@@ -261,6 +261,9 @@ class LlmRequest(SQLModel, table=True):
     sample: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     use_cache: bool = Field(default=True, sa_column=Column(Boolean, nullable=False, server_default=true()))
     cached_from: int | None = Field(default=None, sa_column=Column(IdType, nullable=True))
+    # The parameters the provider's API does not take, left out of what is sent (migration 0014):
+    # their names, sorted; NULL when none was.
+    dropped_params: list[str] | None = _json()
     twin_of: int | None = Field(default=None, sa_column=Column(IdType, nullable=True))
     created_at: datetime | None = _ts(nullable=False, default_now=True)
     updated_at: datetime | None = _ts(nullable=False, default_now=True)

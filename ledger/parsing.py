@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from adapters.token_limit import output_limit
+
 SCORE_LOW = 1
 SCORE_HIGH = 5
 STRUCTURED_ARRAY_KEY = "evaluations"
@@ -312,5 +314,5 @@ def cut_off(error: str | None, finish_reason: str | None, params: dict[str, Any]
     if error is None or finish_reason != "length":
         return error
     given = params or {}
-    limit = given.get("max_tokens") or given.get("max_completion_tokens") or given.get("max_output_tokens")
+    limit = output_limit(given)
     return f"answer cut off at max_tokens ({limit if limit else 'the provider default'}): {error}"

@@ -18,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from adapters.token_limit import output_limit
+
 _DATE_SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
 _PER_TOKEN = 1e-6
 # Worst-case output when a request sets no max_tokens (what a budget reserves for it).
@@ -138,12 +140,7 @@ def most_tokens(prompt_bytes: int, params: dict[str, Any] | None) -> tuple[int, 
     """(input tokens at most, output tokens at most) of a request: what a TPM cap reserves for it,
     and what a provider's token window must still hold for it to be admitted."""
     params = params or {}
-    max_out = (
-        params.get("max_tokens")
-        or params.get("max_completion_tokens")
-        or params.get("max_output_tokens")
-        or DEFAULT_MAX_OUTPUT_TOKENS
-    )
+    max_out = output_limit(params) or DEFAULT_MAX_OUTPUT_TOKENS
     return -(-prompt_bytes // _BYTES_PER_TOKEN_AT_LEAST), int(max_out)
 
 

@@ -35,6 +35,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from adapters.token_limit import output_limit
+
 DIRECTIVE = re.compile(r"\[\[mock:([a-z_0-9]+)(?:=([^\]]*))?\]\]")
 
 _REASONS = (
@@ -231,7 +233,7 @@ def request_prompt(wire: str, payload: dict[str, Any]) -> tuple[Any, list[dict[s
 
 
 def max_output(payload: dict[str, Any]) -> int | None:
-    asked = payload.get("max_completion_tokens") or payload.get("max_tokens") or payload.get("max_output_tokens")
+    asked = output_limit(payload)
     return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None
 
 
@@ -245,6 +247,10 @@ def model_answer(wire: str, payload: dict[str, Any], seen_prefixes: set[str] | N
         text_format = (payload.get("text") or {}).get("format")
         if isinstance(text_format, dict) and text_format.get("type") == "json_schema":
             response_format = {"type": "json_schema", "json_schema": text_format}
+    elif wire == "anthropic":  # Anthropic's structured output: `output_config.format`, a JSON schema
+        output_format = (payload.get("output_config") or {}).get("format")
+        if isinstance(output_format, dict) and output_format.get("type") == "json_schema":
+            response_format = {"type": "json_schema", "json_schema": output_format}
     plain = chat_answer(model, system, messages, response_format)
     prompt = prompt_text(system, messages)
     found = directives(prompt)

@@ -102,6 +102,8 @@ class EnqueueResult:
     # The hits of an enqueue made in one transaction (a job's), for the caller to announce once
     # committed; an enqueue in chunks (`ledger.intake`) announces each chunk's and leaves it empty.
     hits: list[Hit] = field(default_factory=list)
+    # (provider, parameter) -> how many of the new requests it was left out of (`dropped_params`).
+    dropped: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _kind(outcome: Outcome) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from ledger.settings import Settings
 from ledger.spec import JobSpec, load_spec, spec_from_mapping
 from ledger.store import Store
 from tests.integration.batch_helpers import batch_settings, run
-from tests.integration.store_helpers import LogRecords, event_lines, logged
+from tests.integration.store_helpers import LogRecords, event_lines, kept_records, logged
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "eval" / "spec.toml"
 
@@ -407,4 +408,37 @@ def test_samples_ask_every_cell_n_times_and_the_report_shows_means(db_url: str, 
     assert len(scores) == 3 and f"{sum(scores) / 3:.2f} (n=3," in report.output
     as_json = CliRunner().invoke(app, ["report", "sampled", "--json"], env={"LEDGER_DATABASE_URL": db_url})
     assert sorted({json.loads(line)["sample"] for line in as_json.output.splitlines()}) == [0, 1, 2]
+    store.close()
+
+
+@pytest.mark.parametrize("delivery", ["online", "batch"])
+def test_the_example_evaluation_with_judges_on_three_providers_uses_each_ones_structured_output(
+    db_url: str, mock: RunningMockProvider, delivery: str
+) -> None:
+    settings = batch_settings(db_url, mock, BATCHING_ENABLED=True)
+    spec = load_spec(EXAMPLE)
+    models = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
+    agents = tuple(
+        replace(agent, provider=provider, model=model)
+        for agent, (provider, model) in zip(spec.agents, models.items(), strict=True)
+    )
+    spec = replace(spec, id=f"three-providers-{delivery}", agents=agents, delivery=delivery)
+    store = Store(db_url)
+    with kept_records("ledger.enqueue", logging.WARNING) as warned:
+        assert trigger(store, settings, spec).requests == 3  # one structured request per judge
+    assert [r.getMessage() for r in warned.records] == ["anthropic takes no temperature: left out of 1 request(s)"]
+    run(settings)
+
+    assert store.get_job(spec.id)["status"] == "completed"  # type: ignore[index]
+    opinions = opinion_map(store, spec.id)
+    assert len(opinions) == 30 and all(o["score"] is not None for o in opinions.values())
+    requests = {r["provider"]: store.get_request(r["id"]) for r in store.list_requests(job_id=spec.id)}
+    assert sorted(requests) == ["anthropic", "gemini", "openai"]
+    for provider, row in requests.items():
+        assert row is not None and row["delivery"] == delivery
+        # The mock answers with a conforming instance only when it finds the schema where the
+        # provider's API takes it (output_config.format, responseJsonSchema, response_format).
+        assert len(json.loads(row["raw_output"])["evaluations"]) == 10, provider
+        assert row["dropped_params"] == (["temperature"] if provider == "anthropic" else None)
+        assert row["params"] == {"temperature": 0, "max_tokens": 400}
     store.close()
