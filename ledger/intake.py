@@ -113,7 +113,13 @@ class Intake:
     def _entry(self, pos: int, item: RequestSpec | Mapping[str, Any]) -> Entry:
         try:
             spec = as_spec(item)  # a Python caller's list may hold anything
-            row, texts = checked_row(spec, self.settings.compatible_base_url, self.prices, self.settings.max_line_bytes)
+            row, texts = checked_row(
+                spec,
+                self.settings.compatible_base_url,
+                self.prices,
+                self.settings.max_line_bytes,
+                pools_per_model=self.settings.compatible_pools_per_model,
+            )
         except EnqueueError as exc:
             raise EnqueueError(self._at(pos, str(exc))) from None
         values = tuple(texts[c] if c in texts else row.get(c) for c in self.columns)

@@ -61,7 +61,11 @@ def trigger(store: Store, settings: Settings, spec: JobSpec) -> Staged:
     Re-triggering a job id adds nothing (`Staged.created` is False).
     """
     structured_for = STRUCTURED_OUTPUT_PROVIDERS if settings.batching_enabled else frozenset()
-    rows = [to_row(r, settings.compatible_base_url, settings.prices) for r in requests_for(spec, structured_for)]
+    per_model = settings.compatible_pools_per_model
+    rows = [
+        to_row(r, settings.compatible_base_url, settings.prices, pools_per_model=per_model)
+        for r in requests_for(spec, structured_for)
+    ]
     job = {
         "id": spec.id,
         "spec": {"job": spec.to_json(), "limits": limits_of(settings)},
@@ -123,7 +127,17 @@ def advance(store: Store, settings: Settings, job: dict[str, Any]) -> Step:
     if found.gaps:
         gap_specs = [single_request(spec, agent, dimension, sample) for agent, dimension, sample in found.gaps]
         added = store.add_job_requests(
-            job_id, [to_row(r, settings.compatible_base_url, settings.prices) for r in gap_specs], settings.cache_policy
+            job_id,
+            [
+                to_row(
+                    r,
+                    settings.compatible_base_url,
+                    settings.prices,
+                    pools_per_model=settings.compatible_pools_per_model,
+                )
+                for r in gap_specs
+            ],
+            settings.cache_policy,
         )
         for hit in added.hits:
             events.cache_hit(hit.request_id, hit.cached_from)

@@ -365,7 +365,7 @@ def note_outcomes(
             if rated:  # refused: the provider used no tokens on it
                 h.settle.append({"b_id": o.request.id, "b_attempt": o.attempt, "b_tokens": 0})
     for endpoint, h in sorted(heard.items()):
-        _note_pool(conn, dialect, endpoint, h, endpoint in windowed)
+        _note_pool(conn, dialect, endpoint, h, endpoint in windowed, rules.window_s)
     settle = [s for h in heard.values() for s in h.settle]
     if settle:
         dialect.execute_many(conn, _SETTLE, settle)
@@ -403,25 +403,33 @@ _IN_TRANSIT_S = 0.05
 _MOST_CALLS = 50
 
 
-def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard, windowed: bool) -> None:
+def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard, windowed: bool, minute_s: float) -> None:
     """What the provider's window has left: less the calls started since it answered (not
     counted there yet), that is what claims may start until the window is whole again
     (`window_left` until `window_until`); nothing left cools the pool down until a call can
     succeed again (a 429's retry-after, else the reset), then lets one call go, whose answer
-    says how much room there is. Otherwise a 429 teaches the pool its limit."""
+    says how much room there is. Otherwise a 429 teaches the pool its limit, unless it is a
+    window's (`_window_refusal`).
+
+    Headers that count a window down without saying when it is whole again (an OpenAI-compatible
+    proxy's) are read as a window as long as a 429's wait, else a minute (`minute_s`): the
+    providers' request headers count per minute."""
+    reset = h.reset_s or _window_length(h, minute_s)
     left = h.remaining
     if left is not None and 0 < left <= _MOST_CALLS:
         left -= calls_started_since(conn, endpoint, h.answered_at)
     if left is not None and left <= 0:  # no room: wait for it, every daemon
         wait = h.retry_after if h.rate_limited and h.retry_after else h.reset_s
+        if h.rate_limited and not wait:  # refused with the window spent, and told neither reset nor wait
+            wait = reset
         if wait:
             cool_down(conn, dialect, endpoint, wait)
-        if h.reset_s > (wait or 0):
-            values = {"window_left": 1, "window_until": db_now_plus(h.reset_s)}
+        if reset > (wait or 0):
+            values = {"window_left": 1, "window_until": db_now_plus(reset)}
             conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
         return
-    if left is not None and left <= _MOST_CALLS and h.reset_s > 0:
-        values = {"window_left": left, "window_until": db_now_plus(h.reset_s)}
+    if left is not None and left <= _MOST_CALLS:
+        values = {"window_left": left, "window_until": db_now_plus(reset)}
         conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
     elif left is not None and windowed and not h.rate_limited:
         # Room enough again: an earlier answer's window no longer holds back. Never on a refusal:
@@ -430,16 +438,42 @@ def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard, win
         conn.execute(update(pools).where(open_window).values(window_left=None, window_until=None))
     if not h.rate_limited:
         return
+    if h.remaining is None and windowed:  # no headers of its own, in a window the answers counted down
+        _window_refusal(conn, dialect, endpoint, _window_length(h, minute_s), counted=True)
+        return
     if h.calls_out is not None:  # ours, counted when the 429 came; the other daemons', as the database knows them
         calls, request_id, attempt = h.calls_out
         in_flight = calls + calling_elsewhere(conn, endpoint, request_id, attempt)
     else:  # not counted (a caller of the store's own): the calls still open, and those answered with it
         in_flight = calling(conn, endpoint) + h.completed
     if in_flight == 0:  # alone at the provider and refused: a window, not concurrency
-        if h.retry_after:
-            cool_down(conn, dialect, endpoint, h.retry_after)
+        _window_refusal(conn, dialect, endpoint, _window_length(h, minute_s), counted=False)
         return
     learn_limit(conn, dialect, endpoint, in_flight)
+
+
+def _window_length(h: _Heard, minute_s: float) -> float:
+    """How long a window that did not say when it resets lasts: the wait its 429 asked for,
+    else a minute (what `x-ratelimit-*-requests` count over, by the providers' convention)."""
+    return h.retry_after if h.rate_limited and h.retry_after else minute_s
+
+
+def _window_refusal(conn: Connection, dialect: Dialect, endpoint: str, wait: float, *, counted: bool) -> None:
+    """A 429 from a window, not from too many calls at once: the pool cools down for `wait`.
+    `counted`: the answers count the window down, so after the wait one call goes first
+    (`window_left` 1), whose answer says how much room there is. Otherwise the 429 came with
+    nothing else out, which shows that the limit learned from the 429s before it was a window's
+    too (each looked like a concurrency cap while other calls were out): it goes."""
+    cool_down(conn, dialect, endpoint, wait)
+    if counted:
+        values: dict[str, Any] = {"window_left": 1, "window_until": db_now_plus(wait * 2)}
+        conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
+    else:
+        conn.execute(
+            update(pools)
+            .where(pools.c.endpoint == endpoint, pools.c.learned_limit.is_not(None), pools.c.paused_reason.is_(None))
+            .values(learned_limit=None, successes=0, updated_at=db_now())
+        )
 
 
 def learn_limit(conn: Connection, dialect: Dialect, endpoint: str, at_most: int) -> None:
@@ -473,6 +507,16 @@ _CALLING = (
         attempts.c.outcome == AttemptOutcome.RUNNING.value,
     )
 )
+
+
+def refused_since(conn: Connection, request_id: int, attempt: int, seconds: float) -> bool:
+    """Whether a request's attempts before `attempt` end in a run of 429s that began at least
+    `seconds` ago (any other outcome, or an attempt that never answered, ends a run)."""
+    before = and_(attempts.c.request_id == request_id, attempts.c.attempt < attempt)
+    other = or_(attempts.c.status_code.is_(None), attempts.c.status_code != 429)
+    last_other = select(func.coalesce(func.max(attempts.c.attempt), 0)).where(before, other).scalar_subquery()
+    began = select(func.min(attempts.c.started_at)).where(before, attempts.c.attempt > last_other).scalar_subquery()
+    return bool(conn.execute(select(began <= db_now_plus(-seconds))).scalar())
 
 
 def calls_started_since(conn: Connection, endpoint: str, answered_at: float) -> int:

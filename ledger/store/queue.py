@@ -109,7 +109,7 @@ def _kind(outcome: Outcome) -> str:
         return "completed"
     if isinstance(outcome, Failed):
         return "failed"
-    if outcome.pause is not None:
+    if outcome.pause is not None or outcome.uncounted:
         return "parked"
     return "retry_hold" if outcome.hold_slot else "retry_release"
 
@@ -119,6 +119,7 @@ _EXPECTED_STATUS = {
     "failed": RequestStatus.ERROR.value,
     "retry_hold": RUNNING,
     "retry_release": QUEUED,
+    "parked": QUEUED,
 }
 
 
@@ -281,7 +282,8 @@ _REQUEST_UPDATES = {
     "retry_release": _fenced_update().values(
         status=QUEUED, lease_owner=None, lease_expires_at=None, reserved_usd=None, **_RETRY
     ),
-    # A spent quota: back to the queue, the attempt not counted against the retry limit (`parked`).
+    # A spent quota, or a 429 the ledger waits out: back to the queue, the attempt not counted
+    # against the retry limit (`parked`).
     "parked": _fenced_update().values(
         status=QUEUED,
         lease_owner=None,
@@ -532,6 +534,12 @@ class QueueQueries(ClaimQueries):
             why = {"id": request.id, "token": request.token, "why": "canceled during a back-off between attempts"}
             ended = self.dialect.execute(conn, _CANCEL_UPDATES["other"], _V.bind([why])).rowcount
             return NextAttempt(None, self._active(conn), time.time(), canceled=bool(ended))
+
+    def rate_limited_for(self, request_id: int, attempt: int, seconds: float) -> bool:
+        """Whether the request's attempts before `attempt` have been refused with 429s, one after
+        another, since at least `seconds` ago: how long a rate limit has kept it from an answer."""
+        with self.engine.connect() as conn:
+            return pool_state.refused_since(conn, request_id, attempt, seconds)
 
     def _give_back(self, conn: Connection, request: ClaimedRequest) -> bool:
         """Back to the queue, due now, slot freed."""
