@@ -60,6 +60,7 @@ class RateLimits:
     remaining_input_tokens: int | None = None
     remaining_output_tokens: int | None = None
     call_tokens: tuple[int, int] | None = None
+    limit_requests: int | None = None  # the requests the window holds when whole (`x-ratelimit-limit-requests`)
 
     @property
     def counts_tokens(self) -> bool:
@@ -382,6 +383,7 @@ def read_rate_limits(headers: Any) -> RateLimits | None:
         remaining_input_tokens=input_tokens,
         remaining_output_tokens=output_tokens,
         reset_requests_s=_latest_reset(headers, "x-ratelimit-reset-requests", "anthropic-ratelimit-requests-reset"),
+        limit_requests=_least(headers, "x-ratelimit-limit-requests", "anthropic-ratelimit-requests-limit"),
         reset_tokens_s=_latest_reset(
             headers,
             "x-ratelimit-reset-tokens",

@@ -304,7 +304,9 @@ def _derived(request: ClaimedRequest, result: CallResult) -> dict[str, Any] | No
 def _window(limits: RateLimits | None, max_wait: float) -> PoolWindow | None:
     """The provider's rate-limit headers as the store reads them, the wait capped like a retry-after's."""
     found = limits.window() if limits is not None else None
-    return None if found is None else PoolWindow(found[0], min(found[1], max_wait), time.monotonic())
+    if found is None or limits is None:
+        return None
+    return PoolWindow(found[0], min(found[1], max_wait), time.monotonic(), limits.limit_requests)
 
 
 def _refused_limits(limits: RateLimits | None, request: ClaimedRequest) -> RateLimits | None:

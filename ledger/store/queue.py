@@ -35,7 +35,7 @@ from sqlalchemy.sql.expression import ColumnClause
 
 from ledger.models import Job
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
-from ledger.store import answers
+from ledger.store import answers, pool_windows
 from ledger.store import pools as pool_state
 from ledger.store.cache import ENDED, TWINS_ANSWERED, TWINS_RELEASED, CachePolicy, Hit, Resolved, resolve
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
@@ -464,7 +464,8 @@ class QueueQueries(ClaimQueries):
                 self.dialect.execute(conn, _WRITE_DERIVED, _D.bind(parsed))
             paused: list[PausedPool] = []
             if not quiet:
-                pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
+                for window in pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed):
+                    self.pool_rules = self.pool_rules.learned(window)
                 paused = pool_state.pause_pools(conn, self.dialect, outcomes)
             # Answers per pool: they count towards probing a learned limit up, and they prove a
             # pool's peak in slow start (the slots they freed were busy until now).
@@ -539,7 +540,7 @@ class QueueQueries(ClaimQueries):
         """Whether the request's attempts before `attempt` have been refused with 429s, one after
         another, since at least `seconds` ago: how long a rate limit has kept it from an answer."""
         with self.engine.connect() as conn:
-            return pool_state.refused_since(conn, request_id, attempt, seconds)
+            return pool_windows.refused_since(conn, request_id, attempt, seconds)
 
     def _give_back(self, conn: Connection, request: ClaimedRequest) -> bool:
         """Back to the queue, due now, slot freed."""

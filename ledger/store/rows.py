@@ -92,6 +92,7 @@ class PoolWindow:
     remaining: int
     reset_s: float
     answered_at: float = 0.0
+    limit: int | None = None  # the requests the window holds when whole, where the headers said
 
 
 @dataclass(frozen=True)
