@@ -52,6 +52,10 @@ from ledger.store.dialect import Dialect, db_now, db_now_plus
 from ledger.store.pool_windows import LearnedWindow, seed_log
 from ledger.store.rows import ClaimedRequest, Completed, Outcome, PausedPool, PoolWindow, RetryLater
 
+# A learned window is paced this much longer than the wait its 429 asked for: the provider counts a
+# call when it arrives, the ledger when it starts it, so at the window's edge the ledger's log lets
+# a call go a little before the provider's window has room for it (a 429 per window, without).
+WINDOW_MARGIN = 0.05
 # Rounds of full-limit successes before trying one more slot.
 PROBE_ROUNDS = 10
 # Slow start: after a claim that opened a pool's next slot, the claimer waits this long before
@@ -514,13 +518,14 @@ def _window_refusal(
             .values(learned_limit=None, successes=0, updated_at=db_now())
         )
         return None
-    seeded = seed_log(conn, endpoint, wait)
+    paced = wait * (1 + WINDOW_MARGIN)
+    seeded = seed_log(conn, endpoint, paced)
     if not seeded:
         cool_down(conn, dialect, endpoint, wait)
     values: dict[str, Any] = {"window_left": 1, "window_until": db_now_plus(wait * 2)}
     conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
     known = rules.rpm.get(endpoint) if endpoint in rules.windows else None
-    return LearnedWindow(endpoint, max(h.limit or known or seeded, 1), wait)
+    return LearnedWindow(endpoint, max(h.limit or known or seeded, 1), paced)
 
 
 def learn_limit(conn: Connection, dialect: Dialect, endpoint: str, at_most: int) -> None:
