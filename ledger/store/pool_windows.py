@@ -30,11 +30,12 @@ calls = LlmPoolCall.__table__  # type: ignore[attr-defined]
 
 @dataclass(frozen=True)
 class LearnedWindow:
-    """A pool's window as a 429 taught it: `calls` per `seconds`."""
+    """A pool's window as a 429 taught it: `calls` per `seconds`; `seconds` None: only the
+    window's size, as an answer's `x-ratelimit-limit-requests` said it (kept for a lesson to come)."""
 
     endpoint: str
     calls: int
-    seconds: float
+    seconds: float | None
 
 
 def seed_log(conn: Connection, endpoint: str, seconds: float) -> int:

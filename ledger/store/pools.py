@@ -83,6 +83,8 @@ class PoolRules:
     slow_start: bool = False
     # Pools whose `rpm` counts over a window of their own: one learned from a 429 (`learned`).
     windows: Mapping[str, float] = field(default_factory=dict)
+    # The requests each pool's window holds, as its answers' headers last said (`learned`).
+    heard: Mapping[str, int] = field(default_factory=dict)
 
     @cached_property
     def rated(self) -> list[str]:
@@ -102,7 +104,12 @@ class PoolRules:
 
     def learned(self, window: LearnedWindow) -> PoolRules:
         """These rules with a window a 429 taught (`pool_windows`): the pool is paced like one
-        with that RPM over that window; a configured RPM over the usual minute, if tighter, stays."""
+        with that RPM over that window; a configured RPM over the usual minute, if tighter, stays.
+        A window of no length is a size the headers said: kept, and the learned RPM follows it."""
+        if window.seconds is None:
+            heard = replace(self, heard={**self.heard, window.endpoint: window.calls})
+            learned = heard.windows.get(window.endpoint)
+            return heard if learned is None else heard.learned(replace(window, seconds=learned))
         configured = self.rpm.get(window.endpoint) if window.endpoint not in self.windows else None
         kept = configured is not None and configured / self.window_s <= window.calls / window.seconds
         if kept or window.endpoint in self.tpm:  # (a TPM cap counts over the minute: a pool with one keeps it)
@@ -395,8 +402,8 @@ def note_outcomes(
     learned = []
     for endpoint, h in sorted(heard.items()):
         lesson = _note_pool(conn, dialect, endpoint, h, endpoint in windowed, rules)
-        if lesson is None and endpoint in rules.windows and h.limit and h.limit != rules.rpm.get(endpoint):
-            lesson = LearnedWindow(endpoint, h.limit, rules.windows[endpoint])  # the headers say otherwise now
+        if lesson is None and h.limit and h.limit != rules.heard.get(endpoint):
+            lesson = LearnedWindow(endpoint, h.limit, None)  # the window's size, as the headers say now
         if lesson is not None:
             learned.append(lesson)
     settle = [s for h in heard.values() for s in h.settle]
@@ -524,7 +531,7 @@ def _window_refusal(
         cool_down(conn, dialect, endpoint, wait)
     values: dict[str, Any] = {"window_left": 1, "window_until": db_now_plus(wait * 2)}
     conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
-    known = rules.rpm.get(endpoint) if endpoint in rules.windows else None
+    known = rules.heard.get(endpoint) or (rules.rpm.get(endpoint) if endpoint in rules.windows else None)
     return LearnedWindow(endpoint, max(h.limit or known or seeded, 1), paced)
 
 

@@ -24,6 +24,17 @@ from ledger.enqueue import RequestSpec, build_spec, to_row
 from ledger.pools import endpoint_for
 from ledger.settings import Settings, load_settings
 from ledger.store import Store
+from ledger.store.rows import AttemptFailure, Completed, PoolWindow, RetryLater
+from tests.integration.store_helpers import add_requests
+
+POOL = "mock:m"
+FOUR: dict[str, Any] = {
+    "lease_seconds": 30,
+    "global_limit": 4,
+    "pool_limit": lambda _: 4,
+    "max_attempts": 3,
+    "max_claims": 4,
+}
 
 
 def specs(n: int, model: str, prompt: str = "item", provider: str = "openai-compatible") -> list[RequestSpec]:
@@ -192,3 +203,29 @@ def test_a_proxys_window_is_paced_with_few_429s_near_its_bound(db_url: str) -> N
     assert done.stats["status_counts"].get("429", 0) <= 15
     bound = (math.ceil(n / rpm) - 1) * window + latency
     assert done.stats["busy_seconds"] <= 1.4 * bound
+
+
+def test_a_429_after_the_count_reached_zero_teaches_the_window_not_a_limit(db_url: str) -> None:
+    """Answers say the window holds 4 calls and count it down to 0 without a reset; the one call
+    then let through is refused without headers of its own, asking to wait 30 s. That is the
+    window's refusal: no concurrency limit is learned (before: the limit fell to the calls out),
+    the pool is paced to 4 calls per 30 s (and 5 %), and its 4 calls in the window, logged,
+    hold it: the next claim takes nothing."""
+    store = Store(db_url)
+    try:
+        add_requests(store, 12)
+        held = store.claim("w", **FOUR).requests
+        counted = [
+            Completed(held[0], 1, "ok", 5, 10, 10, 200, None, PoolWindow(2, 0.0, 0.0, 4)),
+            Completed(held[1], 1, "ok", 5, 10, 10, 200, None, PoolWindow(1, 0.0, 0.0, 4)),
+        ]
+        store.record(counted)
+        (probe,) = store.claim("w", **FOUR).requests  # 1 left, less the 2 calls out: one call goes alone
+        refused = AttemptFailure(429, "rate_limit_error", "requests per minute exceeded", 1)
+        store.record([RetryLater(held[2], 1, refused, 30.0, False, 30.0, None, calls_out=2)])
+        assert store.pool_usage()[POOL]["learned_limit"] is None
+        assert (store.pool_rules.rpm[POOL], store.pool_rules.window_of(POOL)) == (4, pytest.approx(31.5))
+        assert store.claim("w", **FOUR).requests == []  # held[0], held[1], held[3] and the probe
+        assert probe.id not in {r.id for r in held}
+    finally:
+        store.close()

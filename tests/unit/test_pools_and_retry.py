@@ -91,6 +91,13 @@ def test_azures_and_a_proxys_waits_are_read() -> None:
     assert refused.retryable and refused.retry_after == 60.0
 
 
+def test_a_window_counted_down_without_a_reset_says_its_size() -> None:
+    """A proxy's answer: the window's size and what is left, no reset (0: not said)."""
+    limits = read_rate_limits({"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "59"})
+    assert limits is not None and limits.limit_requests == 60 and limits.reset_requests_s is None
+    assert limits.window() == (59, 0.0)
+
+
 def test_a_token_window_is_counted_in_calls_before_it_is_spent() -> None:
     # 900 tokens left at 200 a call: room for 4 calls, before the requests count's 10.
     limits = RateLimits(
