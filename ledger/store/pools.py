@@ -16,6 +16,10 @@ about an endpoint holds back all of them:
   nothing left (or no tokens) cools the pool down until a call can succeed again, and
   then lets one call go, whose answer says how much room there is: the pool slows down
   before the 429, not after. A 429 saying so is not a lesson about concurrency.
+- **A window learned from its 429.** Headers that count a window down with no reset (an
+  OpenAI-compatible proxy's) are read as a minute's; the 429 that comes once nothing is left
+  teaches the window (`pool_windows`: the headers' size per the 429's wait), and the pool is paced
+  to it like one with an RPM cap (`PoolRules.learned`, held by the store that learned it).
 - **Probing back up** (additive increase): `PROBE_ROUNDS x learned_limit` successes
   in a row, and at least `probe_seconds` since the limit last changed, raise it by
   one, until it reaches the configured limit and is dropped. Rare on purpose: a probe
