@@ -65,6 +65,7 @@ class RateLimits:
     remaining_input_tokens: int | None = None
     remaining_output_tokens: int | None = None
     call_tokens: tuple[int, int] | None = None
+    limit_requests: int | None = None  # the requests the window holds when whole (`x-ratelimit-limit-requests`)
 
     @property
     def counts_tokens(self) -> bool:
@@ -360,11 +361,23 @@ def compact_json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+# Waits a server asks for, most precise first: its own (`retry-after-ms` is Azure's), then the
+# upstream provider's as an OpenAI-compatible proxy passes them on (LiteLLM prefixes every header
+# of the provider behind it with `llm_provider-`, and its 429s carry no `retry-after` of their own).
+_RETRY_AFTER_HEADERS = (
+    ("retry-after-ms", 0.001),
+    ("retry-after", 1.0),
+    ("llm_provider-retry-after-ms", 0.001),
+    ("llm_provider-retry-after", 1.0),
+)
+
+
 def retry_after_seconds(headers: Any) -> float | None:
-    """Read `retry-after-ms` or `retry-after` (seconds; HTTP dates are ignored)."""
+    """The wait a refusal asks for, in seconds: `retry-after-ms`, `retry-after`, or the same two
+    prefixed `llm_provider-` by a proxy (HTTP dates are ignored)."""
     if headers is None:
         return None
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+    for name, scale in _RETRY_AFTER_HEADERS:
         value = headers.get(name)
         if value is None:
             continue
@@ -420,6 +433,7 @@ def read_rate_limits(headers: Any) -> RateLimits | None:
         remaining_input_tokens=input_tokens,
         remaining_output_tokens=output_tokens,
         reset_requests_s=_latest_reset(headers, "x-ratelimit-reset-requests", "anthropic-ratelimit-requests-reset"),
+        limit_requests=_least(headers, "x-ratelimit-limit-requests", "anthropic-ratelimit-requests-limit"),
         reset_tokens_s=_latest_reset(
             headers,
             "x-ratelimit-reset-tokens",

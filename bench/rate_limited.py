@@ -11,7 +11,14 @@ Runs, each against a fresh mock provider process and a fresh SQLite ledger:
   provider has no concurrency cap, so any 429 would be the window's): no 429;
 - with `--provider-tpm T`, the ledger at 16 against a provider that admits T tokens per window
   and says what is left in its token headers, with no `LEDGER_POOL_TPM` configured: what the
-  headers alone hold back (decision 85).
+  headers alone hold back (decision 85);
+- with `--proxy-like`, only this: the ledger (limit 10, retries and waits as configured by
+  default) against a provider that behaves like LiteLLM's proxy in front of a model limited to
+  `--proxy-rpm` requests per `--proxy-window` seconds: answers carry the limit and what is left
+  without a reset, 429s no retry-after but `llm_provider-retry-after` (the window); the pools are
+  keyed per model (`LEDGER_COMPATIBLE_POOLS=model`) and a second, unlimited model's requests run
+  beside. Printed: completed, errors, 429s, and the wall against the window's bound (the last
+  window's calls can start `ceil(n / rpm) - 1` windows after the first).
 
 The capacity bound is requests / 8 x latency. Wall is measured two ways: end to end (the
 daemon's start-up included: migrations, adapter import) and as the provider saw it (its
@@ -19,12 +26,14 @@ first call received to its last answer sent), which is what the bound compares w
 
     python -m bench.rate_limited [--requests 300] [--latency 0.1] [--no-naive] [--reference]
                                  [--provider-tpm 2000]
+    python -m bench.rate_limited --proxy-like [--requests 150] [--proxy-rpm 60] [--proxy-window 60]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -102,6 +111,41 @@ def ledger_run(n: int, mock_args: list[str], limit: int, **env: Any) -> dict[str
     return {"wall": wall, "busy": stats["busy_seconds"], "stats": stats, "counts": counts, "learned": learned}
 
 
+def proxy_like(n: int, rpm: int, window: float, latency: float) -> int:
+    """`n` requests to a model the proxy limits to `rpm` per `window`, `n // 5` to one it does not
+    limit, everything else the ledger's defaults but the pool limit (10)."""
+    mock_args = ["--latency", str(latency), "--rpm", str(rpm), "--rpm-window", str(window)]
+    mock_args += ["--rpm-model", "limited", "--proxy-headers"]
+    free = n // 5
+    with fresh_database("sqlite") as url, mock_provider_process(*mock_args) as mock:
+        settings = load_settings(
+            _env_file=None,
+            LEDGER_DATABASE_URL=url,
+            MAX_CONCURRENT_LLM_CALLS=10,
+            OPENAI_COMPATIBLE_BASE_URL=mock.base_url + "/v1",
+            LEDGER_COMPATIBLE_POOLS="model",
+        )
+        configure_logging("ERROR")
+        with Ledger(settings=settings) as ledger:
+            ledger.enqueue_many(specs(n, "openai-compatible", "limited") + specs(free, "openai-compatible", "free", n))
+            t0 = time.perf_counter()
+            anyio.run(lambda: run_daemon(settings, until_idle=True))
+            wall = time.perf_counter() - t0
+            by_pool = ledger.store.requests_by_pool()
+        stats = mock.stats()
+    by_model = {pool.rsplit("/", 1)[-1]: {s: c.n for s, c in counts.items()} for pool, counts in by_pool.items()}
+    bound = (math.ceil(n / rpm) - 1) * window + latency
+    refused = stats["status_counts"].get("429", 0)
+    limited, unlimited = by_model.get("limited", {}), by_model.get("free", {})
+    print(f"proxy-like provider: {rpm} requests per {window:g} s for model `limited`, none for `free`")
+    print(
+        f"limited: {n} requests  completed {limited.get('completed', 0)}  error {limited.get('error', 0)}  "
+        f"429s {refused}  wall {wall:.1f} s  bound {bound:.1f} s = {wall / bound:.2f}x bound"
+    )
+    print(f"free: {free} requests  completed {unlimited.get('completed', 0)}  error {unlimited.get('error', 0)}")
+    return 0
+
+
 def line(label: str, run: dict[str, Any], bound: float) -> str:
     return (
         f"{label:34} wall {run['wall']:6.2f} s  provider busy {run['busy']:6.2f} s = {run['busy'] / bound:4.2f}x bound"
@@ -120,8 +164,13 @@ def main() -> int:
     parser.add_argument("--provider-rpm", type=int, default=75, help="the provider's own cap (per --window)")
     parser.add_argument("--window", type=float, default=1.0, help="seconds the RPM caps count over (a short minute)")
     parser.add_argument("--provider-tpm", type=int, default=None, help="also a provider admitting this many tokens")
+    parser.add_argument("--proxy-like", action="store_true", help="only the LiteLLM-proxy-like scenario")
+    parser.add_argument("--proxy-rpm", type=int, default=60, help="its model's requests per --proxy-window")
+    parser.add_argument("--proxy-window", type=float, default=60.0, help="seconds its limit counts over")
     args = parser.parse_args()
     n = args.requests
+    if args.proxy_like:
+        return proxy_like(n if n != 300 else 150, args.proxy_rpm, args.proxy_window, args.latency)
     cap = ["--latency", str(args.latency), "--max-concurrency", str(CAP)]
     bound = n / CAP * args.latency
     print(f"requests={n} provider max-concurrency={CAP} latency={args.latency}s capacity bound {bound:.2f} s")

@@ -59,7 +59,12 @@ class Ledger:
         warn_dropped(result.dropped)
         if result.inserted_rows:
             return int(result.inserted_rows[0]["id"])
-        row = to_row(spec, self.settings.compatible_base_url, self.settings.prices)
+        row = to_row(
+            spec,
+            self.settings.compatible_base_url,
+            self.settings.prices,
+            pools_per_model=self.settings.compatible_pools_per_model,
+        )
         return self.store.id_for_key(row["idempotency_key"])
 
     def enqueue_many(self, specs: Iterable[RequestSpec | Mapping[str, Any]]) -> EnqueueResult:

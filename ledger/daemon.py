@@ -173,6 +173,7 @@ async def _run(
             settings.prices,
             settings.keeps_response,
             settings.quota_recheck_seconds,
+            settings.rate_limit_give_up_seconds,
         ),
         settings,
         worker,

@@ -229,14 +229,19 @@ def _plain_system(message: dict[str, Any]) -> bool:
 
 
 def to_row(
-    spec: RequestSpec, compatible_base_url: str | None = None, prices: PriceTable | None = None
+    spec: RequestSpec,
+    compatible_base_url: str | None = None,
+    prices: PriceTable | None = None,
+    *,
+    pools_per_model: bool = False,
 ) -> dict[str, Any]:
     """The `llm_requests` column values for a spec (status and timestamps come from the store).
 
     With a price table, the request's worst-case cost is fixed here (`estimate_usd`):
-    budgets reserve it when the request is claimed.
+    budgets reserve it when the request is claimed. `pools_per_model`: an OpenAI-compatible
+    server's requests pool per model (`ledger.pools.endpoint_for`).
     """
-    return checked_row(spec, compatible_base_url, prices)[0]
+    return checked_row(spec, compatible_base_url, prices, pools_per_model=pools_per_model)[0]
 
 
 def checked_row(
@@ -244,6 +249,8 @@ def checked_row(
     compatible_base_url: str | None = None,
     prices: PriceTable | None = None,
     max_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    *,
+    pools_per_model: bool = False,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """`to_row`, and its JSON columns as the text an enqueue sends (`fingerprint.json_texts`).
 
@@ -257,7 +264,7 @@ def checked_row(
         system, messages = messages[0]["content"], messages[1:]
     input_ = {"system": system, "messages": messages}
     dropped = provider_check(spec, input_, api)
-    endpoint = spec.endpoint or endpoint_for(spec.provider, spec.model, compatible_base_url)
+    endpoint = spec.endpoint or endpoint_for(spec.provider, spec.model, compatible_base_url, per_model=pools_per_model)
     row: dict[str, Any] = {
         "job_id": spec.job_id,
         "purpose": spec.purpose,

@@ -113,6 +113,9 @@ class CallContext:
     prices: PriceTable
     keep_response: bool = True  # LEDGER_KEEP_RESPONSE=full: the provider's body is kept whole
     quota_recheck_s: float = 900.0  # LEDGER_QUOTA_RECHECK_SECONDS: a spent balance's pause
+    # LEDGER_RATE_LIMIT_GIVE_UP_SECONDS: how long 429s alone may keep a request from an answer
+    # before it ends `error` (0: a 429 is an attempt like any other failure).
+    rate_limit_give_up_s: float = 900.0
 
     @cached_property
     def deadlines(self) -> CallDeadlines:
@@ -193,7 +196,13 @@ async def execute(
             pause = QuotaPause(error.quota, error.quota_for or ctx.quota_recheck_s)
             await ctx.recorder.submit(RetryLater(request, attempt, failure, 0.0, False, pause=pause))
             return
-        if not ctx.policy.should_retry(error, attempt - request.parked):  # refusals for a spent quota not counted
+        rate_limited = error.status_code == 429 and error.retryable
+        waited_out = rate_limited and await _waits_out(ctx, request, attempt)
+        given_up = rate_limited and ctx.rate_limit_give_up_s > 0 and not waited_out
+        if given_up:
+            failure = replace(failure, message=f"{error.message} (429s for {ctx.rate_limit_give_up_s:g} s and more)")
+        # Refusals for a spent quota, and 429s waited out, count for no retry limit.
+        if given_up or (not waited_out and not ctx.policy.should_retry(error, attempt - request.parked)):
             written = await ctx.recorder.submit(Failed(request, attempt, failure, _ms(started)))
             if written is not Written.APPLIED:  # ended canceled, or not ours any more: not an error of ours
                 return
@@ -206,7 +215,6 @@ async def execute(
                 time.monotonic() - started,
             )
             return
-        rate_limited = error.status_code == 429
         window = _window(_refused_limits(error.limits, request) if rate_limited else error.limits, ctx.policy.max_delay)
         spent_for = window.reset_s if window is not None and window.remaining == 0 else None
         delay = ctx.policy.delay(attempt, error.retry_after if error.retry_after is not None else spent_for)
@@ -224,7 +232,7 @@ async def execute(
         # under-counting a slot until the next probe).
         out = max(out_before, CALLS_OUT.now(request.endpoint)) if rate_limited else None
         written = await ctx.recorder.submit(
-            RetryLater(request, attempt, failure, delay, hold, cooldown, window, calls_out=out)
+            RetryLater(request, attempt, failure, delay, hold, cooldown, window, calls_out=out, uncounted=waited_out)
         )
         if written is not Written.APPLIED:  # canceled, or taken over: no retry of ours follows
             return
@@ -239,6 +247,17 @@ async def execute(
             ctx.recorder.notify_slot_freed()
             return
         attempt = next_attempt.number
+
+
+async def _waits_out(ctx: CallContext, request: ClaimedRequest, attempt: int) -> bool:
+    """Whether a 429 is one the ledger waits out, counting no attempt: the pool cools down or
+    learns its limit, and the request retries, until 429s alone have refused it for
+    `rate_limit_give_up_s` (0: never waited out). A first attempt has no run of 429s before it."""
+    if ctx.rate_limit_give_up_s <= 0:
+        return False
+    if attempt == 1:
+        return True
+    return not await ctx.lane.run(ctx.store.rate_limited_for, request.id, attempt, ctx.rate_limit_give_up_s)
 
 
 async def _call_within(
@@ -283,7 +302,9 @@ def _derived(request: ClaimedRequest, result: CallResult) -> dict[str, Any] | No
 def _window(limits: RateLimits | None, max_wait: float) -> PoolWindow | None:
     """The provider's rate-limit headers as the store reads them, the wait capped like a retry-after's."""
     found = limits.window() if limits is not None else None
-    return None if found is None else PoolWindow(found[0], min(found[1], max_wait), time.monotonic())
+    if found is None or limits is None:
+        return None
+    return PoolWindow(found[0], min(found[1], max_wait), time.monotonic(), limits.limit_requests)
 
 
 def _refused_limits(limits: RateLimits | None, request: ClaimedRequest) -> RateLimits | None:

@@ -118,7 +118,13 @@ class Intake:
             if spec.provider == "openai-compatible" and not self.settings.compatible_base_url:
                 # Known now, not only when a daemon claims it: every such request would end config_error.
                 raise EnqueueError("provider 'openai-compatible' needs OPENAI_COMPATIBLE_BASE_URL, which is not set")
-            row, texts = checked_row(spec, self.settings.compatible_base_url, self.prices, self.settings.max_line_bytes)
+            row, texts = checked_row(
+                spec,
+                self.settings.compatible_base_url,
+                self.prices,
+                self.settings.max_line_bytes,
+                pools_per_model=self.settings.compatible_pools_per_model,
+            )
         except EnqueueError as exc:
             raise EnqueueError(self._at(pos, str(exc))) from None
         values = tuple(texts[c] if c in texts else row.get(c) for c in self.columns)

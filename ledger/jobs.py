@@ -61,7 +61,11 @@ def trigger(store: Store, settings: Settings, spec: JobSpec) -> Staged:
     Re-triggering a job id adds nothing (`Staged.created` is False).
     """
     structured_for = STRUCTURED_OUTPUT_PROVIDERS if settings.batching_enabled else frozenset()
-    rows = [to_row(r, settings.compatible_base_url, settings.prices) for r in requests_for(spec, structured_for)]
+    per_model = settings.compatible_pools_per_model
+    rows = [
+        to_row(r, settings.compatible_base_url, settings.prices, pools_per_model=per_model)
+        for r in requests_for(spec, structured_for)
+    ]
     warn_dropped(count_dropped(rows))
     job = {
         "id": spec.id,
@@ -123,7 +127,10 @@ def advance(store: Store, settings: Settings, job: dict[str, Any]) -> Step:
     _save(store, job_id, found, rows)
     if found.gaps:
         gap_specs = [single_request(spec, agent, dimension, sample) for agent, dimension, sample in found.gaps]
-        gap_rows = [to_row(r, settings.compatible_base_url, settings.prices) for r in gap_specs]
+        per_model = settings.compatible_pools_per_model
+        gap_rows = [
+            to_row(r, settings.compatible_base_url, settings.prices, pools_per_model=per_model) for r in gap_specs
+        ]
         warn_dropped(count_dropped(gap_rows))
         added = store.add_job_requests(job_id, gap_rows, settings.cache_policy)
         for hit in added.hits:

@@ -249,8 +249,8 @@ class LlmRequest(SQLModel, table=True):
     token_estimate: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     # When the parsers last derived reasoning / verdict from raw_output (NULL: not yet).
     parsed_at: datetime | None = _ts()
-    # Of `attempts`, those refused because the account's quota was spent (migration 0012): they
-    # count towards no retry limit.
+    # Of `attempts`, those refused because the account's quota was spent (migration 0012), or by
+    # a rate limit the ledger waited out: they count towards no retry limit.
     parked: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     # The response cache (migration 0010): the hash of what decides the answer, with the
     # sample asked for (`ledger.enqueue.cache_key`); whether this request may be answered from

@@ -27,14 +27,18 @@ def normalize_endpoint(raw: str) -> str:
     return f"id:{value}"
 
 
-def endpoint_for(provider: str, model: str, base_url: str | None = None) -> str:
+def endpoint_for(provider: str, model: str, base_url: str | None = None, *, per_model: bool = False) -> str:
     """The default pool of a request: its server when it names one, else provider and model.
 
     OpenAI-compatible servers (Ollama, vLLM) are one box whatever the model, so
     they pool by URL; hosted providers rate-limit per model, so they pool by model.
+    `per_model` (LEDGER_COMPATIBLE_POOLS=model): a compatible server that limits each model
+    on its own (a proxy in front of several providers) has a pool per model there,
+    `http:host:4000/model`, so one model's limit never holds back another's calls.
     """
     if base_url and provider == "openai-compatible":
-        return normalize_endpoint(base_url)
+        server = normalize_endpoint(base_url)
+        return f"{server}/{model}" if per_model else server
     return normalize_endpoint(f"{provider}:{model}")
 
 

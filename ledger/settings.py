@@ -111,6 +111,10 @@ class Settings(BaseSettings):
     # A pool paused because its account's balance is spent waits this long before one request
     # probes again (a failed probe pauses it as long again); `ledger pools resume` lifts it at once.
     quota_recheck_seconds: float = Field(default=900.0, alias="LEDGER_QUOTA_RECHECK_SECONDS", ge=1)
+    # A 429 is waited out (the pool cools down or learns its limit, the attempt counts for no retry
+    # limit) until 429s alone have refused a request this long; then it ends `error`. 0: a 429 is
+    # an attempt like any other failure.
+    rate_limit_give_up_seconds: float = Field(default=900.0, alias="LEDGER_RATE_LIMIT_GIVE_UP_SECONDS", ge=0)
     # The oldest answer the cache copies, in days (unset: any age).
     cache_max_age_days: float | None = Field(default=None, alias="LEDGER_CACHE_MAX_AGE_DAYS", gt=0)
     # Prometheus metrics of the daemon (`ledger daemon --metrics-port`): off unless a port is given;
@@ -128,6 +132,9 @@ class Settings(BaseSettings):
     anthropic_base_url: str | None = Field(default=None, alias="ANTHROPIC_BASE_URL")
     compatible_base_url: str | None = Field(default=None, alias="OPENAI_COMPATIBLE_BASE_URL")
     compatible_api_key: str | None = Field(default=None, alias="OPENAI_COMPATIBLE_API_KEY", repr=False)
+    # An OpenAI-compatible server's pools: `url`, one for the server (a box that serves every model
+    # from the same capacity); `model`, one per model there (a proxy that limits each on its own).
+    compatible_pools: str = Field(default="url", alias="LEDGER_COMPATIBLE_POOLS")
     azure_endpoint: str | None = Field(default=None, alias="AZURE_OPENAI_ENDPOINT")
     azure_api_key: str | None = Field(default=None, alias="AZURE_OPENAI_API_KEY", repr=False)
     azure_api_version: str | None = Field(default=None, alias="OPENAI_API_VERSION")
@@ -158,6 +165,14 @@ class Settings(BaseSettings):
 
         load_prices(value)  # a bad file stops start-up with one line naming the entry
         return value
+
+    @field_validator("compatible_pools")
+    @classmethod
+    def _check_compatible_pools(cls, value: str) -> str:
+        lower = value.strip().lower()
+        if lower not in {"url", "model"}:
+            raise ValueError(f"LEDGER_COMPATIBLE_POOLS must be url or model, got {value!r}")
+        return lower
 
     @field_validator("keep_response")
     @classmethod
@@ -215,6 +230,11 @@ class Settings(BaseSettings):
             window_s=self.rate_window_seconds,
             slow_start=self.pool_slow_start,
         )
+
+    @property
+    def compatible_pools_per_model(self) -> bool:
+        """An OpenAI-compatible server's requests pool per model (LEDGER_COMPATIBLE_POOLS=model)."""
+        return self.compatible_pools == "model"
 
     def pool_limit(self, endpoint: str) -> int:
         """A pool's own limit; never above the global one, which caps the sum anyway."""

@@ -93,6 +93,11 @@ class MockProviderConfig:
     rpm: int | None = None
     rpm_window: float = 60.0  # seconds the `rpm` and `tpm` caps count over (tests shorten it)
     tpm: int | None = None  # tokens admitted per window (a call: its prompt + max_tokens)
+    rpm_model: str | None = None  # the `rpm` cap counts and limits this model's calls only
+    # Rate-limit headers as an OpenAI-compatible proxy (LiteLLM) sends them: answers say the limit
+    # and what is left without a reset; a 429 has no retry-after, only the upstream's wait
+    # passed on as `llm_provider-retry-after` (the whole window).
+    proxy_headers: bool = False
     fault_rates: dict[str, float] = field(default_factory=dict)
     seed: int = 0
     hang_seconds: float = 60.0
@@ -355,7 +360,11 @@ class MockProviderServer:
         if self.config.max_concurrency is not None and self.in_flight >= self.config.max_concurrency:
             reply = rate_limited(wire, self.config.concurrency_retry_after, "too many requests in flight")
             return self._count(self._with_rate_headers(wire, reply))
-        limited = self._over_rpm()
+        rated = self.config.rpm_model in (None, payload.get("model"))
+        limited = self._over_rpm() if rated else None
+        if limited is not None and self.config.proxy_headers:
+            wait = [("llm_provider-retry-after", f"{self.config.rpm_window:g}")]
+            return self._count(error_reply(wire, 429, "rate_limit_error", "requests per minute exceeded", wait))
         if limited is not None:
             reply = rate_limited(wire, limited, "requests per minute exceeded")
             return self._count(self._with_rate_headers(wire, reply))
@@ -369,7 +378,7 @@ class MockProviderServer:
             reply = await self._answer(wire, payload, system, messages, key, stream, conn)
         finally:
             self.in_flight -= 1
-        return self._count(self._with_rate_headers(wire, reply))
+        return self._count(self._with_rate_headers(wire, reply) if rated else reply)
 
     def _count(self, reply: Reply) -> Reply:
         self.status_counts[str(reply.status)] += 1
@@ -427,6 +436,8 @@ class MockProviderServer:
             remaining = max(self.config.rpm - len(self._recent), 0)
             reset = window - (now - self._recent[-1]) if self._recent else 0.0
             headers += _rate_headers(wire, "requests", self.config.rpm, remaining, reset)
+            if self.config.proxy_headers:  # the count without the reset
+                headers = [h for h in headers if not h[0].startswith("x-ratelimit-reset")]
         if self.config.tpm is not None:
             remaining = max(self.config.tpm - self._tokens_spent(), 0)
             reset = window - (now - self._spent[-1][0]) if self._spent else 0.0
@@ -574,6 +585,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rpm", type=int, default=None, help="requests per window; answers say what is left")
     parser.add_argument("--tpm", type=int, default=None, help="tokens answered per window; answers say what is left")
     parser.add_argument("--rpm-window", type=float, default=60.0, help="seconds the --rpm and --tpm caps count over")
+    parser.add_argument("--rpm-model", default=None, help="the --rpm cap limits this model's calls only")
+    parser.add_argument(
+        "--proxy-headers",
+        action="store_true",
+        help="rate-limit headers as a LiteLLM proxy's: no reset; 429s with llm_provider-retry-after",
+    )
     parser.add_argument(
         "--fault-rate", action="append", default=[], help="KIND=RATE, repeatable: share of calls failing with KIND"
     )
@@ -603,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         rpm=args.rpm,
         rpm_window=args.rpm_window,
         tpm=args.tpm,
+        rpm_model=args.rpm_model,
+        proxy_headers=args.proxy_headers,
         fault_rates=faults,
         seed=args.seed,
         batch_latency=args.batch_latency,

@@ -16,6 +16,10 @@ about an endpoint holds back all of them:
   nothing left (or no tokens) cools the pool down until a call can succeed again, and
   then lets one call go, whose answer says how much room there is: the pool slows down
   before the 429, not after. A 429 saying so is not a lesson about concurrency.
+- **A window learned from its 429.** Headers that count a window down with no reset (an
+  OpenAI-compatible proxy's) are read as a minute's; the 429 that comes once nothing is left
+  teaches the window (`pool_windows`: the headers' size per the 429's wait), and the pool is paced
+  to it like one with an RPM cap (`PoolRules.learned`, held by the store that learned it).
 - **Probing back up** (additive increase): `PROBE_ROUNDS x learned_limit` successes
   in a row, and at least `probe_seconds` since the limit last changed, raise it by
   one, until it reaches the configured limit and is dropped. Rare on purpose: a probe
@@ -49,8 +53,13 @@ from ledger.models import LlmAttempt, LlmPool, LlmPoolCall, LlmRequest
 from ledger.prices import DEFAULT_MAX_OUTPUT_TOKENS
 from ledger.statuses import AttemptOutcome, RequestStatus
 from ledger.store.dialect import Dialect, db_now, db_now_plus
+from ledger.store.pool_windows import LearnedWindow, seed_log
 from ledger.store.rows import ClaimedRequest, Completed, Outcome, PausedPool, PoolWindow, RetryLater
 
+# A learned window is paced this much longer than the wait its 429 asked for: the provider counts a
+# call when it arrives, the ledger when it starts it, so at the window's edge the ledger's log lets
+# a call go a little before the provider's window has room for it (a 429 per window, without).
+WINDOW_MARGIN = 0.05
 # Rounds of full-limit successes before trying one more slot.
 PROBE_ROUNDS = 10
 # Slow start: after a claim that opened a pool's next slot, the claimer waits this long before
@@ -76,11 +85,41 @@ class PoolRules:
     tpm: Mapping[str, int] = field(default_factory=dict)
     window_s: float = 60.0  # the "minute" (LEDGER_RATE_WINDOW_SECONDS, for tests only)
     slow_start: bool = False
+    # Pools whose `rpm` counts over a window of their own: one learned from a 429 (`learned`).
+    windows: Mapping[str, float] = field(default_factory=dict)
+    # The requests each pool's window holds, as its answers' headers last said (`learned`).
+    heard: Mapping[str, int] = field(default_factory=dict)
 
     @cached_property
     def rated(self) -> list[str]:
         """The pools with an RPM or TPM cap."""
         return sorted(set(self.rpm) | set(self.tpm))
+
+    def window_of(self, endpoint: str) -> float:
+        """The seconds a pool's caps count over."""
+        return self.windows.get(endpoint, self.window_s)
+
+    def by_window(self, endpoints: Iterable[str]) -> dict[float, list[str]]:
+        """`endpoints` grouped by the seconds their caps count over (one group, but for learned windows)."""
+        groups: dict[float, list[str]] = {}
+        for ep in sorted(endpoints):
+            groups.setdefault(self.window_of(ep), []).append(ep)
+        return groups
+
+    def learned(self, window: LearnedWindow) -> PoolRules:
+        """These rules with a window a 429 taught (`pool_windows`): the pool is paced like one
+        with that RPM over that window; a configured RPM over the usual minute, if tighter, stays.
+        A window of no length is a size the headers said: kept, and the learned RPM follows it."""
+        if window.seconds is None:
+            heard = replace(self, heard={**self.heard, window.endpoint: window.calls})
+            learned = heard.windows.get(window.endpoint)
+            return heard if learned is None else heard.learned(replace(window, seconds=learned))
+        configured = self.rpm.get(window.endpoint) if window.endpoint not in self.windows else None
+        kept = configured is not None and configured / self.window_s <= window.calls / window.seconds
+        if kept or window.endpoint in self.tpm:  # (a TPM cap counts over the minute: a pool with one keeps it)
+            return self
+        rpm = {**self.rpm, window.endpoint: window.calls}
+        return replace(self, rpm=rpm, windows={**self.windows, window.endpoint: window.seconds})
 
     def capped(self, endpoint: str) -> bool:
         return endpoint in self.rpm or endpoint in self.tpm
@@ -147,9 +186,9 @@ class PoolRoom:
         lesson is not written yet: this claim treats them as cooling down and opens nothing in them."""
         state = read_state(conn, state_rows, pool_limit)
         window: dict[str, tuple[int, int]] = {}
-        if rules.rated:
-            params = {"b_pools": rules.rated, "b_since": -rules.window_s}
-            window = {ep: (int(n), int(t)) for ep, n, t in conn.execute(_WINDOW_USE, params)}
+        for seconds, rated in rules.by_window(rules.rated).items():
+            params = {"b_pools": rated, "b_since": -seconds}
+            window |= {ep: (int(n), int(t)) for ep, n, t in conn.execute(_WINDOW_USE, params)}
         return cls(
             in_flight,
             pool_limit,
@@ -251,12 +290,8 @@ def log_calls(conn: Connection, started: list[tuple[str, int, int, int]], rules:
         insert(calls).values(started_at=db_now()),
         [{"endpoint": ep, "request_id": rid, "attempt": n, "tokens": t} for ep, rid, n, t in started],
     )
-    conn.execute(
-        delete(calls).where(
-            calls.c.endpoint.in_(sorted({s[0] for s in started})),
-            calls.c.started_at < db_now_plus(-rules.window_s),
-        )
-    )
+    for seconds, endpoints in rules.by_window({s[0] for s in started}).items():
+        conn.execute(delete(calls).where(calls.c.endpoint.in_(endpoints), calls.c.started_at < db_now_plus(-seconds)))
 
 
 def held_call_started(conn: Connection, request: ClaimedRequest, attempt: int, rules: PoolRules) -> None:
@@ -270,7 +305,7 @@ def window_full(conn: Connection, endpoint: str, rules: PoolRules) -> bool:
     """A capped pool with no call left in its window (a held retry must not start one)."""
     if not rules.capped(endpoint):
         return False
-    params = {"b_pools": [endpoint], "b_since": -rules.window_s}
+    params = {"b_pools": [endpoint], "b_since": -rules.window_of(endpoint)}
     row = conn.execute(_WINDOW_USE, params).first()
     n, tokens = (int(row[1]), int(row[2])) if row else (0, 0)
     return rules.spent(endpoint, n, tokens)
@@ -322,10 +357,13 @@ class _Heard:
     remaining: int | None = None
     reset_s: float = 0.0
     answered_at: float = 0.0  # of the answer that said `remaining` (time.monotonic(), 0: unknown)
+    limit: int | None = None  # the requests the window holds when whole, as the headers said
     settle: list[dict[str, Any]] = field(default_factory=list)
 
     def window(self, w: PoolWindow) -> None:
         """The tightest window heard in the group wins."""
+        if w.limit is not None:
+            self.limit = w.limit if self.limit is None else min(self.limit, w.limit)
         if self.remaining is None or w.remaining < self.remaining:
             self.remaining, self.reset_s, self.answered_at = w.remaining, w.reset_s, w.answered_at
         elif w.remaining == self.remaining:
@@ -335,9 +373,10 @@ class _Heard:
 
 def note_outcomes(
     conn: Connection, dialect: Dialect, outcomes: Iterable[Outcome], rules: PoolRules, windowed: Collection[str] = ()
-) -> None:
+) -> list[LearnedWindow]:
     """What a group of outcomes says about their pools: windows spent, limits learned, tokens used
-    (nothing when they are `quiet`, which the caller asks first).
+    (nothing when they are `quiet`, which the caller asks first). Returns the windows its 429s
+    taught, for the caller's rules (`PoolRules.learned`).
 
     Every 429 counts, whatever became of its row: it is what the provider said about the pool.
     `windowed`: pools held to a window the headers announced (the last claim saw them); only
@@ -364,11 +403,17 @@ def note_outcomes(
             h.retry_after = max(asked) if asked else None
             if rated:  # refused: the provider used no tokens on it
                 h.settle.append({"b_id": o.request.id, "b_attempt": o.attempt, "b_tokens": 0})
+    learned = []
     for endpoint, h in sorted(heard.items()):
-        _note_pool(conn, dialect, endpoint, h, endpoint in windowed)
+        lesson = _note_pool(conn, dialect, endpoint, h, endpoint in windowed, rules)
+        if lesson is None and h.limit and h.limit != rules.heard.get(endpoint):
+            lesson = LearnedWindow(endpoint, h.limit, None)  # the window's size, as the headers say now
+        if lesson is not None:
+            learned.append(lesson)
     settle = [s for h in heard.values() for s in h.settle]
     if settle:
         dialect.execute_many(conn, _SETTLE, settle)
+    return learned
 
 
 def quiet(outcomes: Iterable[Outcome], rules: PoolRules, windowed: Collection[str] = ()) -> bool:
@@ -403,25 +448,36 @@ _IN_TRANSIT_S = 0.05
 _MOST_CALLS = 50
 
 
-def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard, windowed: bool) -> None:
+def _note_pool(
+    conn: Connection, dialect: Dialect, endpoint: str, h: _Heard, windowed: bool, rules: PoolRules
+) -> LearnedWindow | None:
     """What the provider's window has left: less the calls started since it answered (not
     counted there yet), that is what claims may start until the window is whole again
     (`window_left` until `window_until`); nothing left cools the pool down until a call can
     succeed again (a 429's retry-after, else the reset), then lets one call go, whose answer
-    says how much room there is. Otherwise a 429 teaches the pool its limit."""
+    says how much room there is. Otherwise a 429 teaches the pool its limit, unless it is a
+    window's (`_window_refusal`), which teaches the window (returned).
+
+    Headers that count a window down without saying when it is whole again (an OpenAI-compatible
+    proxy's) are read as a window as long as a 429's wait, else a minute (`rules.window_s`): the
+    providers' request headers count per minute."""
+    minute_s = rules.window_of(endpoint)  # a minute, or the window learned before
+    reset = h.reset_s or _window_length(h, minute_s)
     left = h.remaining
     if left is not None and 0 < left <= _MOST_CALLS:
         left -= calls_started_since(conn, endpoint, h.answered_at)
     if left is not None and left <= 0:  # no room: wait for it, every daemon
         wait = h.retry_after if h.rate_limited and h.retry_after else h.reset_s
+        if h.rate_limited and not h.reset_s:  # refused with the window spent, and told no reset
+            return _window_refusal(conn, dialect, endpoint, h, _window_length(h, minute_s), rules)
         if wait:
             cool_down(conn, dialect, endpoint, wait)
-        if h.reset_s > (wait or 0):
-            values = {"window_left": 1, "window_until": db_now_plus(h.reset_s)}
+        if reset > (wait or 0):
+            values = {"window_left": 1, "window_until": db_now_plus(reset)}
             conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
-        return
-    if left is not None and left <= _MOST_CALLS and h.reset_s > 0:
-        values = {"window_left": left, "window_until": db_now_plus(h.reset_s)}
+        return None
+    if left is not None and left <= _MOST_CALLS:
+        values = {"window_left": left, "window_until": db_now_plus(reset)}
         conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
     elif left is not None and windowed and not h.rate_limited:
         # Room enough again: an earlier answer's window no longer holds back. Never on a refusal:
@@ -429,17 +485,58 @@ def _note_pool(conn: Connection, dialect: Dialect, endpoint: str, h: _Heard, win
         open_window = and_(pools.c.endpoint == endpoint, pools.c.window_until.is_not(None))
         conn.execute(update(pools).where(open_window).values(window_left=None, window_until=None))
     if not h.rate_limited:
-        return
+        return None
+    if h.remaining is None and (windowed or h.limit is not None or endpoint in rules.windows):
+        # No headers of its own, in a window the answers counted down (or one learned before).
+        return _window_refusal(conn, dialect, endpoint, h, _window_length(h, minute_s), rules)
     if h.calls_out is not None:  # ours, counted when the 429 came; the other daemons', as the database knows them
         calls, request_id, attempt = h.calls_out
         in_flight = calls + calling_elsewhere(conn, endpoint, request_id, attempt)
     else:  # not counted (a caller of the store's own): the calls still open, and those answered with it
         in_flight = calling(conn, endpoint) + h.completed
     if in_flight == 0:  # alone at the provider and refused: a window, not concurrency
-        if h.retry_after:
-            cool_down(conn, dialect, endpoint, h.retry_after)
-        return
+        return _window_refusal(conn, dialect, endpoint, h, _window_length(h, minute_s), None)
     learn_limit(conn, dialect, endpoint, in_flight)
+    return None
+
+
+def _window_length(h: _Heard, minute_s: float) -> float:
+    """How long a window that did not say when it resets lasts: the wait its 429 asked for,
+    else a minute (what `x-ratelimit-*-requests` count over, by the providers' convention)."""
+    return h.retry_after if h.rate_limited and h.retry_after else minute_s
+
+
+def _window_refusal(
+    conn: Connection, dialect: Dialect, endpoint: str, h: _Heard, wait: float, rules: PoolRules | None
+) -> LearnedWindow | None:
+    """A 429 from a window, not from too many calls at once, that asked to wait `wait`.
+
+    With `rules`, the answers counted the window down (the evidence a window is learned from):
+    the window is learned (`pool_windows`: the headers' limit, else the one learned before, else
+    the calls the pool made in it, per `wait`) and paces the pool from then on; its calls in the
+    window, logged, hold the pool until they leave it (the pool cools down for `wait` only when
+    none of its calls were, another client's having spent the window). The next call goes alone
+    (`window_left` 1): its answer says how much room there is.
+    Without, the 429 came with nothing else out, which shows that the limit learned from the 429s
+    before it was a window's too (each looked like a concurrency cap while other calls were out):
+    it goes, and the pool cools down for `wait`. Nothing counted how many calls such a window
+    takes, so none is learned (a passing 429 would pace a pool for good)."""
+    if rules is None:
+        cool_down(conn, dialect, endpoint, wait)
+        conn.execute(
+            update(pools)
+            .where(pools.c.endpoint == endpoint, pools.c.learned_limit.is_not(None), pools.c.paused_reason.is_(None))
+            .values(learned_limit=None, successes=0, updated_at=db_now())
+        )
+        return None
+    paced = wait * (1 + WINDOW_MARGIN)
+    seeded = seed_log(conn, endpoint, paced)
+    if not seeded:
+        cool_down(conn, dialect, endpoint, wait)
+    values: dict[str, Any] = {"window_left": 1, "window_until": db_now_plus(wait * 2)}
+    conn.execute(dialect.upsert(pools, ["endpoint"], {"endpoint": endpoint}, values))
+    known = rules.heard.get(endpoint) or (rules.rpm.get(endpoint) if endpoint in rules.windows else None)
+    return LearnedWindow(endpoint, max(h.limit or known or seeded, 1), paced)
 
 
 def learn_limit(conn: Connection, dialect: Dialect, endpoint: str, at_most: int) -> None:

@@ -35,7 +35,7 @@ from sqlalchemy.sql.expression import ColumnClause
 
 from ledger.models import Job
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
-from ledger.store import answers
+from ledger.store import answers, pool_windows
 from ledger.store import pools as pool_state
 from ledger.store.cache import ENDED, TWINS_ANSWERED, TWINS_RELEASED, CachePolicy, Hit, Resolved, resolve
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, attempts, requests
@@ -111,7 +111,7 @@ def _kind(outcome: Outcome) -> str:
         return "completed"
     if isinstance(outcome, Failed):
         return "failed"
-    if outcome.pause is not None:
+    if outcome.pause is not None or outcome.uncounted:
         return "parked"
     return "retry_hold" if outcome.hold_slot else "retry_release"
 
@@ -121,6 +121,7 @@ _EXPECTED_STATUS = {
     "failed": RequestStatus.ERROR.value,
     "retry_hold": RUNNING,
     "retry_release": QUEUED,
+    "parked": QUEUED,
 }
 
 
@@ -283,7 +284,8 @@ _REQUEST_UPDATES = {
     "retry_release": _fenced_update().values(
         status=QUEUED, lease_owner=None, lease_expires_at=None, reserved_usd=None, **_RETRY
     ),
-    # A spent quota: back to the queue, the attempt not counted against the retry limit (`parked`).
+    # A spent quota, or a 429 the ledger waits out: back to the queue, the attempt not counted
+    # against the retry limit (`parked`).
     "parked": _fenced_update().values(
         status=QUEUED,
         lease_owner=None,
@@ -464,7 +466,8 @@ class QueueQueries(ClaimQueries):
                 self.dialect.execute(conn, _WRITE_DERIVED, _D.bind(parsed))
             paused: list[PausedPool] = []
             if not quiet:
-                pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed)
+                for window in pool_state.note_outcomes(conn, self.dialect, outcomes, self.pool_rules, self.windowed):
+                    self.pool_rules = self.pool_rules.learned(window)
                 paused = pool_state.pause_pools(conn, self.dialect, outcomes)
             # Answers per pool: they count towards probing a learned limit up, and they prove a
             # pool's peak in slow start (the slots they freed were busy until now).
@@ -534,6 +537,12 @@ class QueueQueries(ClaimQueries):
             why = {"id": request.id, "token": request.token, "why": "canceled during a back-off between attempts"}
             ended = self.dialect.execute(conn, _CANCEL_UPDATES["other"], _V.bind([why])).rowcount
             return NextAttempt(None, self._active(conn), time.time(), canceled=bool(ended))
+
+    def rate_limited_for(self, request_id: int, attempt: int, seconds: float) -> bool:
+        """Whether the request's attempts before `attempt` have been refused with 429s, one after
+        another, since at least `seconds` ago: how long a rate limit has kept it from an answer."""
+        with self.engine.connect() as conn:
+            return pool_windows.refused_since(conn, request_id, attempt, seconds)
 
     def _give_back(self, conn: Connection, request: ClaimedRequest) -> bool:
         """Back to the queue, due now, slot freed."""

@@ -32,7 +32,8 @@ class ClaimedRequest:
     stored_trace: dict[str, Any] | str | None
     api: str | None = None  # chat | responses | messages (None: enqueued before migration 0008)
     parse: str | None = None  # how its answer is parsed when it comes (None: not here)
-    parked: int = 0  # of its attempts, those refused for a spent quota: they count for no retry limit
+    # Of its attempts, those refused for a spent quota or by a rate limit waited out: no retry limit counts them.
+    parked: int = 0
 
     @cached_property
     def trace(self) -> dict[str, Any]:
@@ -83,6 +84,7 @@ class PoolWindow:
     remaining: int
     reset_s: float
     answered_at: float = 0.0
+    limit: int | None = None  # the requests the window holds when whole, where the headers said
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,9 @@ class RetryLater:
     # The account's quota is spent: the request goes back to the queue without spending an
     # attempt, and the pool is paused (`pools.pause_pool`).
     pause: QuotaPause | None = None
+    # A 429 the ledger waits out (LEDGER_RATE_LIMIT_GIVE_UP_SECONDS): back to the queue, the
+    # attempt not counted against the retry limit, as for a spent quota.
+    uncounted: bool = False
 
 
 @dataclass(frozen=True)

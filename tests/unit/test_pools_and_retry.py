@@ -79,6 +79,25 @@ def test_retry_after_headers() -> None:
     assert retry_after_seconds({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) is None
 
 
+def test_azures_and_a_proxys_waits_are_read() -> None:
+    """Azure's `retry-after-ms` alone, and the wait of the provider behind an OpenAI-compatible
+    proxy (LiteLLM passes it on as `llm_provider-retry-after`, with no `retry-after` of its own):
+    each is the wait a 429 asks for. The server's own header wins over the one passed on."""
+    assert retry_after_seconds({"retry-after-ms": "1500"}) == 1.5
+    assert retry_after_seconds({"llm_provider-retry-after": "60"}) == 60.0
+    assert retry_after_seconds({"llm_provider-retry-after-ms": "2500"}) == 2.5
+    assert retry_after_seconds({"retry-after": "3", "llm_provider-retry-after": "60"}) == 3.0
+    refused = classify_status(429, "rate limited", None, {"llm_provider-retry-after": "60"})
+    assert refused.retryable and refused.retry_after == 60.0
+
+
+def test_a_window_counted_down_without_a_reset_says_its_size() -> None:
+    """A proxy's answer: the window's size and what is left, no reset (0: not said)."""
+    limits = read_rate_limits({"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "59"})
+    assert limits is not None and limits.limit_requests == 60 and limits.reset_requests_s is None
+    assert limits.window() == (59, 0.0)
+
+
 def test_a_token_window_is_counted_in_calls_before_it_is_spent() -> None:
     # 900 tokens left at 200 a call: room for 4 calls, before the requests count's 10.
     limits = RateLimits(
