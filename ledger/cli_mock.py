@@ -28,6 +28,13 @@ def mock_provider(
         int | None, typer.Option(min=1, help="Tokens answered per window; answers say what is left.")
     ] = None,
     rpm_window: Annotated[float, typer.Option(min=0, help="Seconds the --rpm and --tpm caps count over.")] = 60.0,
+    rpm_model: Annotated[str | None, typer.Option(help="The --rpm cap limits this model's calls only.")] = None,
+    proxy_headers: Annotated[
+        bool,
+        typer.Option(
+            "--proxy-headers", help="Rate-limit headers as a LiteLLM proxy's: no reset, 429s without retry-after."
+        ),
+    ] = False,
     fault_rate: Annotated[
         list[str] | None,
         typer.Option(
@@ -67,6 +74,8 @@ def mock_provider(
         max_concurrency=max_concurrency,
         rpm=rpm,
         rpm_window=rpm_window,
+        rpm_model=rpm_model,
+        proxy_headers=proxy_headers,
         tpm=tpm,
         fault_rates=faults,
         seed=seed,
