@@ -15,11 +15,12 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from ledger.cli_delivery import deadline_option
 from ledger.cli_jobs import register_job_commands
 from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
 from ledger.enqueue import Defaults
 from ledger.settings import Settings
-from ledger.statuses import Delivery, RequestStatus
+from ledger.statuses import DeliveryChoice, RequestStatus
 
 app = typer.Typer(
     name="ledger",
@@ -61,8 +62,15 @@ def enqueue(
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model for every line (overrides the file).")] = None,
     delivery: Annotated[
-        Delivery | None,
-        typer.Option(help="online: called by the daemon; batch: sent in provider batch jobs."),
+        DeliveryChoice | None,
+        typer.Option(
+            help="online: called by the daemon; batch: sent in provider batch jobs; auto: a batch, finished"
+            " online by --deadline."
+        ),
+    ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(help="With --delivery auto: a duration (90s, 45m, 6h, 2d) or an ISO-8601 time (default 24h)."),
     ] = None,
     job: Annotated[str | None, typer.Option(help="Job id the requests belong to.")] = None,
     priority: Annotated[int | None, typer.Option(help="Higher runs sooner (default 0).")] = None,
@@ -85,6 +93,7 @@ def enqueue(
 
     settings = settings_or_exit()
     configure_logs(settings)
+    deadline_at = deadline_option(deadline, delivery)  # before the store: a bad flag opens nothing
     store = open_store(settings)
     if parse is not None and parse not in ("verdict", "json"):
         fail(f"--parse: unknown parser {parse!r} (known: verdict, json)")
@@ -92,6 +101,7 @@ def enqueue(
         provider=provider,
         model=model,
         delivery=delivery,
+        deadline=deadline_at,
         job_id=job,
         priority=priority,
         parse=parse,

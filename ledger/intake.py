@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger import events
+from ledger.deadlines import deadline_text
 from ledger.enqueue import Defaults, EnqueueError, RequestSpec, as_spec, checked_row, read_jsonl_file
 from ledger.fingerprint import JSON_FIELDS, differing_fields
 from ledger.settings import Settings
@@ -116,6 +117,8 @@ class Intake:
             row, texts = checked_row(spec, self.settings.compatible_base_url, self.prices, self.settings.max_line_bytes)
         except EnqueueError as exc:
             raise EnqueueError(self._at(pos, str(exc))) from None
+        if row["deadline"] is not None:
+            row["deadline"] = deadline_text(row["deadline"], self.store.dialect.name)
         values = tuple(texts[c] if c in texts else row.get(c) for c in self.columns)
         custom = spec.idempotency_key is not None
         return Entry(pos, row["idempotency_key"], row["body_hash"], row["job_id"], custom, values)

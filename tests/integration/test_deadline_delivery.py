@@ -1,0 +1,148 @@
+"""Delivery `auto`: a provider batch at the discount, finished online by the deadline. The real SDKs
+against the mock provider (which holds a batch unfinished and cancels it with a partial output, as
+the providers do), on both databases."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from adapters.mock_provider import RunningMockProvider, running_mock_provider
+from adapters.mock_provider.answers import chat_answer
+from ledger.api import Ledger
+from ledger.enqueue import build_spec
+from ledger.settings import Settings
+from ledger.store import Store
+from tests.integration.batch_helpers import attempts_t, batch_settings, batches_t, requests_t, rows, run
+
+MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
+
+
+@pytest.fixture
+def held() -> Iterator[RunningMockProvider]:
+    """A batch answers 2 % of its lines a second: one canceled a few seconds in has answered a few."""
+    with running_mock_provider(batch_latency=50.0) as server:
+        yield server
+
+
+def enqueue_auto(settings: Settings, n: int, provider: str, deadline: str | None, name: str = "r") -> None:
+    with Ledger(settings=settings) as ledger:
+        ledger.enqueue_many(
+            build_spec(
+                model=MODELS.get(provider, "local-model"),
+                provider=provider,
+                messages=[{"role": "user", "content": f"{name} {i}"}],
+                delivery="auto",
+                deadline=deadline,
+                idempotency_key=f"{name}-{i}",
+            )
+            for i in range(n)
+        )
+
+
+def utc(when: datetime) -> datetime:
+    """A timestamp as read back (SQLite's without a zone: it is UTC)."""
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def answered_once(store: Store) -> dict[int, Any]:
+    """Every request completed with its own answer, one result each; its attempts by outcome."""
+    by_request: dict[int, Counter[tuple[str, str | None]]] = {}
+    for a in rows(store, attempts_t):
+        by_request.setdefault(a["request_id"], Counter())[(a["outcome"], a["error_code"])] += 1
+    for r in rows(store, requests_t):
+        expected = chat_answer(r["model"], None, r["input"]["messages"], None)
+        assert r["status"] == "completed" and r["raw_output"] == expected.text
+        results = sum(n for (outcome, code), n in by_request[r["id"]].items() if outcome == "succeeded" and not code)
+        assert results == 1, by_request[r["id"]]  # a late batch answer is `answered_late`, not a result
+    return by_request
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini"])
+def test_a_batch_not_finished_by_the_margin_is_canceled_and_the_rest_finishes_online_before_the_deadline(
+    db_url: str, held: RunningMockProvider, provider: str
+) -> None:
+    settings = batch_settings(db_url, held, LEDGER_DEADLINE_MARGIN_SECONDS=20)
+    enqueue_auto(settings, 200, provider, "30s")  # a daemon takes some seconds to start and submit
+    run(settings)
+
+    store = Store(db_url)
+    assert held.stats()["batch_creates"] == {provider: 1}  # all 200 went into one batch
+    (batch,) = rows(store, batches_t)
+    assert batch["status"] == "canceled" and batch["fallback_at"] is not None and batch["request_total"] == 200
+    answered_once(store)
+    requests = rows(store, requests_t)
+    via = Counter(r["answered_via"] for r in requests)
+    assert via["batch"] > 0 and via["online"] > 0 and via["batch"] + via["online"] == 200
+    assert all(r["completed_at"] <= r["deadline"] for r in requests)
+    price = settings.prices.price(provider, MODELS[provider])
+    assert price is not None and price.batch_discount > 0
+    for r in requests:  # batch answers at the discount, online ones at the full price
+        batch_priced = r["answered_via"] == "batch"
+        assert r["cost_usd"] == pytest.approx(price.cost(r["input_tokens"], r["output_tokens"], batch=batch_priced))
+        assert (r["batch_id"] is not None) == batch_priced and r["delivery"] == ("batch" if batch_priced else "online")
+    store.close()
+
+
+def test_a_batch_that_finishes_in_time_answers_everything_at_the_discount_and_nothing_goes_online(
+    db_url: str,
+) -> None:
+    with running_mock_provider(batch_latency=0.2) as mock:
+        settings = batch_settings(db_url, mock)
+        enqueue_auto(settings, 50, "anthropic", "2h")
+        run(settings)
+        stats = mock.stats()
+    store = Store(db_url)
+    assert stats["batch_creates"] == {"anthropic": 1}
+    (batch,) = rows(store, batches_t)
+    assert batch["status"] == "completed" and batch["fallback_at"] is None
+    answered_once(store)
+    price = settings.prices.price("anthropic", MODELS["anthropic"])
+    assert price is not None
+    for r in rows(store, requests_t):
+        assert r["answered_via"] == "batch" and r["batch_id"] == batch["id"]
+        assert r["cost_usd"] == pytest.approx(price.cost(r["input_tokens"], r["output_tokens"], batch=True))
+    assert all(a["batch_id"] == batch["id"] for a in rows(store, attempts_t))  # no online attempt
+    store.close()
+
+
+def test_auto_on_a_provider_without_a_batch_api_is_called_online_at_once(db_url: str) -> None:
+    with running_mock_provider(batch_latency=100.0) as mock:
+        settings = batch_settings(db_url, mock)
+        enqueue_auto(settings, 20, "openai-compatible", None)
+        store = Store(db_url)
+        queued = rows(store, requests_t)
+        assert {r["delivery"] for r in queued} == {"online"}  # never waits for a batch
+        now = datetime.now(UTC)
+        assert all(abs((utc(r["deadline"]) - now).total_seconds() - 86400) < 120 for r in queued)  # 24 h by default
+        run(settings)
+        assert mock.stats()["batch_creates"] == {}
+    assert rows(store, batches_t) == []
+    answered_once(store)
+    assert {r["answered_via"] for r in rows(store, requests_t)} == {"online"}
+    store.close()
+
+
+def test_answers_a_canceling_batch_gives_after_its_requests_went_online_are_kept_as_attempts_only(
+    db_url: str,
+) -> None:
+    # The provider takes 3 s to cancel (as OpenAI's `cancelling` does): the ledger does not wait.
+    with running_mock_provider(batch_latency=50.0, batch_finalize_seconds=3.0) as mock:
+        settings = batch_settings(db_url, mock, LEDGER_DEADLINE_MARGIN_SECONDS=20)
+        enqueue_auto(settings, 100, "openai", "30s")
+        run(settings)
+    store = Store(db_url)
+    (batch,) = rows(store, batches_t)
+    assert batch["status"] == "canceled"
+    attempts = answered_once(store)
+    requests = rows(store, requests_t)
+    assert {r["answered_via"] for r in requests} == {"online"}  # taken out before any batch answer came
+    late = [rid for rid, seen in attempts.items() if seen[("succeeded", "answered_late")]]
+    assert late  # the batch answered some of them before the cancel: paid for, not their result
+    late_costs = [a["cost_usd"] for a in rows(store, attempts_t) if a["error_code"] == "answered_late"]
+    assert len(late_costs) == len(late) and all(c is not None and c > 0 for c in late_costs)
+    store.close()
