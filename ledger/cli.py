@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ledger.cli_delivery import deadline_option
+from ledger.cli_delivery import deadline_option, job_delivery_json
 from ledger.cli_jobs import register_job_commands
 from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
 from ledger.enqueue import Defaults
@@ -311,6 +311,8 @@ def export_line(row: dict[str, Any]) -> dict[str, Any]:
             "reasoning_tokens": row["reasoning_tokens"],
         },
         "cost_usd": row["cost_usd"],
+        "answered_via": row["answered_via"],
+        "deadline": row["deadline"],
         "attempts": row["attempts"],
         "latency_ms": row["latency_ms"],
         "error": error,
@@ -351,6 +353,8 @@ def status(
             **job_status(store, settings),
             "cache": {"hits_today": hits, "saved_usd_today": round(saved, 10)},
         }
+        if job is not None:
+            said["job"] = job_delivery_json(store, settings, job)
         out.print_json(json.dumps(said, default=json_default))
         return
     print_job_status(job_status(store, settings))

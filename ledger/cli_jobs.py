@@ -17,6 +17,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ledger.cli_delivery import job_delivery_json, print_job_cost
 from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit
 from ledger.settings import Settings
 
@@ -162,6 +163,7 @@ def print_scores(store: Any, job_id: str) -> None:
     for dimension in spec.dimensions:
         table.add_row(dimension.id, *[score_cell(cells.get((agent, dimension.id), [])) for agent in agents])
     out.print(table)
+    print_job_cost(store, job_id)
     truncated = store.job_progress(job_id)["truncated"]
     if truncated:
         out.print(f"{truncated} answers cut off at max_tokens", highlight=False)
@@ -221,6 +223,7 @@ def job_status(store: Any, settings: Settings) -> dict[str, Any]:
                 "truncated": progress["truncated"],
                 # Pools paused by a spent quota that this job's queued requests wait on.
                 "paused_pools": store.job_paused_pools(job["id"]),
+                **job_delivery_json(store, settings, job["id"]),
             }
         )
     spent = store.spend_today()

@@ -9,7 +9,7 @@ from ledger.store.batch_results import BatchResultQueries
 from ledger.store.batches import OPEN_BATCHES, BatchQueries
 from ledger.store.browse import BrowseQueries
 from ledger.store.commit import any_row
-from ledger.store.deadlines import DeadlineQueries
+from ledger.store.deadlines import DeadlineQueries, DeliveryReadings
 from ledger.store.dialect import Dialect
 from ledger.store.intake import IntakeQueries
 from ledger.store.jobs import ACTIVE_JOBS, JobQueries
@@ -26,6 +26,7 @@ class Store(
     BatchQueries,
     BatchResultQueries,
     DeadlineQueries,
+    DeliveryReadings,
     JobQueries,
     AuditQueries,
     LineageQueries,

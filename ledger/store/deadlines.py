@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, literal, or_, select, update
+from sqlalchemy import and_, case, func, literal, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.statuses import AttemptOutcome, BatchStatus, Delivery
+from ledger.statuses import AttemptOutcome, BatchStatus, Delivery, RequestStatus
 from ledger.store.batches import BATCH, SUBMITTED, BatchLease, _fence, batches
 from ledger.store.claim import QUEUED, attempts, requests
-from ledger.store.commit import any_row, transaction
+from ledger.store.commit import any_row, reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus
 
 _r, _b, _a = requests.c, batches.c, attempts.c
@@ -134,3 +134,52 @@ def _counted(pools: Any) -> dict[str, int]:
     for pool in pools:
         counts[pool] = counts.get(pool, 0) + 1
     return counts
+
+
+# How a completed request was answered: from the response cache, else `answered_via` (a row
+# answered before that column existed: its delivery path).
+_ANSWERED_VIA = case((_r.cached_from.is_not(None), "cache"), else_=func.coalesce(_r.answered_via, _r.delivery))
+
+
+class DeliveryReadings:
+    """Mixed into `Store`: how a job's requests were answered (read-only)."""
+
+    engine: Engine
+
+    def job_delivery(self, job_id: str) -> dict[str, Any]:
+        """A job's earliest deadline (None: no `auto` request), its completed requests by how
+        they were answered (`batch`, `online`, `cache`: copied from the response cache), and how
+        many were answered after their deadline (`late`)."""
+        via = _ANSWERED_VIA
+        late = func.sum(case((and_(_r.deadline.is_not(None), _r.completed_at > _r.deadline), 1), else_=0))
+        with reading(self.engine) as conn:
+            deadline = conn.execute(select(func.min(_r.deadline)).where(_r.job_id == job_id)).scalar()
+            rows = conn.execute(
+                select(via, func.count(), late)
+                .where(_r.job_id == job_id, _r.status == RequestStatus.COMPLETED.value)
+                .group_by(via)
+            ).all()
+        return {
+            "deadline": deadline,
+            "answered_via": {str(path): int(n) for path, n, _ in rows},
+            "late": sum(int(n or 0) for _, _, n in rows),
+        }
+
+    def job_costs(self, job_id: str) -> list[dict[str, Any]]:
+        """What a job's answers cost, per provider, model and path (`batch`, `online`, and `late`:
+        batch answers that came after their request had gone online, kept on their attempts)."""
+        path = _ANSWERED_VIA
+        answered = (
+            select(_r.provider, _r.model, path, func.coalesce(func.sum(_r.cost_usd), 0.0))
+            .where(_r.job_id == job_id, _r.cost_usd.is_not(None), _r.cached_from.is_(None))
+            .group_by(_r.provider, _r.model, path)
+        )
+        late = (
+            select(_r.provider, _r.model, literal("late"), func.coalesce(func.sum(_a.cost_usd), 0.0))
+            .select_from(attempts.join(requests, _a.request_id == _r.id))
+            .where(_r.job_id == job_id, _a.cost_usd.is_not(None))
+            .group_by(_r.provider, _r.model)
+        )
+        with reading(self.engine) as conn:
+            found = [*conn.execute(answered).all(), *conn.execute(late).all()]
+        return [{"provider": p, "model": m, "path": str(k), "cost_usd": float(c)} for p, m, k, c in found]

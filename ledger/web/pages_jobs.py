@@ -15,6 +15,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ledger.jobs import job_duration_s, job_spec
+from ledger.savings import job_savings
 from ledger.scores import cell_summary, cell_text, cells_of, disagree
 from ledger.web.app import Web
 from ledger.web.pages_overview import JOBS_SUMMED
@@ -82,6 +83,10 @@ def job_context(web: Web, job_id: str) -> dict[str, Any] | None:
         "error_lines": (job.get("errors") or [])[:50],
         "error_lines_total": len(job.get("errors") or []),
         "matrix": matrix(web, job),
+        "delivery": {
+            **web.store.job_delivery(job_id),
+            **job_savings(web.store.job_costs(job_id), web.settings.prices),
+        },
     }
 
 

@@ -4,19 +4,25 @@ the providers do), on both databases."""
 
 from __future__ import annotations
 
+import json
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
+from typer.testing import CliRunner
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from adapters.mock_provider.answers import chat_answer
 from ledger.api import Ledger
+from ledger.cli import app
 from ledger.enqueue import build_spec
 from ledger.settings import Settings
 from ledger.store import Store
+from ledger.web import WebConfig, create_app
 from tests.integration.batch_helpers import attempts_t, batch_settings, batches_t, requests_t, rows, run
 
 MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
@@ -29,7 +35,9 @@ def held() -> Iterator[RunningMockProvider]:
         yield server
 
 
-def enqueue_auto(settings: Settings, n: int, provider: str, deadline: str | None, name: str = "r") -> None:
+def enqueue_auto(
+    settings: Settings, n: int, provider: str, deadline: str | None, name: str = "r", job_id: str | None = None
+) -> None:
     with Ledger(settings=settings) as ledger:
         ledger.enqueue_many(
             build_spec(
@@ -39,6 +47,7 @@ def enqueue_auto(settings: Settings, n: int, provider: str, deadline: str | None
                 delivery="auto",
                 deadline=deadline,
                 idempotency_key=f"{name}-{i}",
+                job_id=job_id,
             )
             for i in range(n)
         )
@@ -64,11 +73,12 @@ def answered_once(store: Store) -> dict[int, Any]:
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini"])
 def test_a_batch_not_finished_by_the_margin_is_canceled_and_the_rest_finishes_online_before_the_deadline(
-    db_url: str, held: RunningMockProvider, provider: str
+    db_url: str, held: RunningMockProvider, provider: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = batch_settings(db_url, held, LEDGER_DEADLINE_MARGIN_SECONDS=20)
-    enqueue_auto(settings, 200, provider, "30s")  # a daemon takes some seconds to start and submit
-    run(settings)
+    enqueue_auto(settings, 200, provider, "30s", job_id="j")  # a daemon takes some seconds to start and submit
+    with caplog.at_level(logging.WARNING, logger="ledger.events"):
+        run(settings)
 
     store = Store(db_url)
     assert held.stats()["batch_creates"] == {provider: 1}  # all 200 went into one batch
@@ -85,7 +95,38 @@ def test_a_batch_not_finished_by_the_margin_is_canceled_and_the_rest_finishes_on
         batch_priced = r["answered_via"] == "batch"
         assert r["cost_usd"] == pytest.approx(price.cost(r["input_tokens"], r["output_tokens"], batch=batch_priced))
         assert (r["batch_id"] is not None) == batch_priced and r["delivery"] == ("batch" if batch_priced else "online")
+    moved = [m.event_fields for m in caplog.records if m.getMessage() == "deadline_fallback"]  # type: ignore[attr-defined]
+    assert sum(e["requests"] for e in moved) == via["online"]
+    assert {e["pool"] for e in moved} == {f"{provider}:{MODELS[provider]}"}
+    seen_in_status_export_and_show(db_url, requests, price.batch_discount, via)
+    with TestClient(create_app(store, settings, WebConfig(hosts=frozenset({"testserver"})))) as web:
+        page = web.get("/jobs/j").text  # the job page: its cost, what batches saved, how answered
+    assert "saved by provider batches" in page
+    assert f"{via['batch']} via batch" in page and f"{via['online']} via online" in page
     store.close()
+
+
+def seen_in_status_export_and_show(
+    db_url: str, requests: list[dict[str, Any]], discount: float, via: Counter[str]
+) -> None:
+    """`status --json --job`, `export` and `show` say how each was answered, its deadline, and
+    what the batch saved."""
+    env = {"LEDGER_DATABASE_URL": db_url}
+    said = json.loads(CliRunner().invoke(app, ["status", "--json", "--job", "j"], env=env).stdout)["job"]
+    assert said["answered_via"] == {"batch": via["batch"], "online": via["online"]} and said["late"] == 0
+    assert utc(datetime.fromisoformat(said["deadline"])) == utc(requests[0]["deadline"])
+    spent = sum(r["cost_usd"] for r in requests)
+    batch_cost = sum(r["cost_usd"] for r in requests if r["answered_via"] == "batch")
+    assert said["cost_usd"] == pytest.approx(spent, abs=1e-6)
+    assert said["saved_usd"] == pytest.approx(batch_cost / (1 - discount) - batch_cost, abs=1e-6)
+    assert said["all_online_usd"] == pytest.approx(said["cost_usd"] + said["saved_usd"], abs=1e-6)
+    exported = CliRunner().invoke(app, ["export", "--job", "j"], env=env).stdout.splitlines()
+    by_id = {r["id"]: r for r in requests}
+    for line in map(json.loads, exported):
+        assert line["answered_via"] == by_id[line["id"]]["answered_via"]
+        assert utc(datetime.fromisoformat(line["deadline"])) == utc(by_id[line["id"]]["deadline"])
+    shown = CliRunner().invoke(app, ["show", str(requests[0]["id"])], env=env).stdout
+    assert f"answered_via: {requests[0]['answered_via']}" in shown and "deadline: " in shown
 
 
 def test_a_batch_that_finishes_in_time_answers_everything_at_the_discount_and_nothing_goes_online(
