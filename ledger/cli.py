@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ledger.cli_delivery import deadline_option, job_delivery_json
+from ledger.cli_delivery import deadline_option, file_specs, job_delivery_json, print_estimate
 from ledger.cli_jobs import register_job_commands
 from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
 from ledger.enqueue import Defaults
@@ -82,6 +82,10 @@ def enqueue(
         bool,
         typer.Option("--no-cache", help="Call the provider for every line, even one the ledger has answered before."),
     ] = False,
+    estimate: Annotated[
+        bool, typer.Option("--estimate", help="Write nothing: print what the file would cost at most, and cache hits.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --estimate: print one JSON object.")] = False,
 ) -> None:
     """Queue every line of FILE; lines seen before (same custom_id, same body) are skipped.
 
@@ -94,7 +98,6 @@ def enqueue(
     settings = settings_or_exit()
     configure_logs(settings)
     deadline_at = deadline_option(deadline, delivery)  # before the store: a bad flag opens nothing
-    store = open_store(settings)
     if parse is not None and parse not in ("verdict", "json"):
         fail(f"--parse: unknown parser {parse!r} (known: verdict, json)")
     defaults = Defaults(
@@ -107,6 +110,10 @@ def enqueue(
         parse=parse,
         cache=False if no_cache else None,
     )
+    if estimate:  # writes nothing, and opens an existing ledger only
+        print_estimate(file_specs(file, defaults, settings), settings, as_json)
+        return
+    store = open_store(settings)
     with operator_errors():
         result = enqueue_file(store, settings, file, defaults)
     announce(result)

@@ -17,7 +17,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ledger.cli_delivery import job_delivery_json, print_job_cost
+from ledger.cli_delivery import job_delivery_json, job_requests, print_estimate, print_job_cost
 from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit
 from ledger.settings import Settings
 
@@ -39,6 +39,9 @@ def eval_job(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    estimate: Annotated[
+        bool, typer.Option("--estimate", help="Write nothing: print what the job would cost at most, and cache hits.")
+    ] = False,
 ) -> None:
     """Trigger an evaluation job: judges x dimensions over an artifact (refused with exit 3 at capacity or budget)."""
     from ledger.jobs import TriggerRefused, trigger
@@ -49,6 +52,9 @@ def eval_job(
         spec = load_spec(spec_file)
     except SpecError as exc:
         fail(str(exc))
+    if estimate:  # writes nothing, and opens an existing ledger only
+        print_estimate(job_requests(spec, settings), settings, as_json)
+        return
     store = open_store(settings)
     try:
         with operator_errors():

@@ -28,7 +28,7 @@ from sqlalchemy.exc import DBAPIError
 
 from adapters.registry import STRUCTURED_OUTPUT_PROVIDERS
 from ledger import events
-from ledger.enqueue import to_row
+from ledger.enqueue import RequestSpec, to_row
 from ledger.evaluation import Plan, elapsed_seconds, plan, requests_for, single_request
 from ledger.parsing import derive
 from ledger.record import DbLane
@@ -55,13 +55,19 @@ def limits_of(settings: Settings) -> dict[str, Any]:
     }
 
 
+def first_requests(spec: JobSpec, settings: Settings) -> list[RequestSpec]:
+    """The requests a job is staged with (every judge x dimension x sample; structured batching
+    asks a provider that follows a schema for every dimension at once)."""
+    structured_for = STRUCTURED_OUTPUT_PROVIDERS if settings.batching_enabled else frozenset()
+    return list(requests_for(spec, structured_for))
+
+
 def trigger(store: Store, settings: Settings, spec: JobSpec) -> Staged:
     """Stage the job and its first requests in one transaction, or raise `TriggerRefused`.
 
     Re-triggering a job id adds nothing (`Staged.created` is False).
     """
-    structured_for = STRUCTURED_OUTPUT_PROVIDERS if settings.batching_enabled else frozenset()
-    rows = [to_row(r, settings.compatible_base_url, settings.prices) for r in requests_for(spec, structured_for)]
+    rows = [to_row(r, settings.compatible_base_url, settings.prices) for r in first_requests(spec, settings)]
     job = {
         "id": spec.id,
         "spec": {"job": spec.to_json(), "limits": limits_of(settings)},

@@ -11,6 +11,7 @@ from ledger.store.browse import BrowseQueries
 from ledger.store.commit import any_row
 from ledger.store.deadlines import DeadlineQueries, DeliveryReadings
 from ledger.store.dialect import Dialect
+from ledger.store.estimates import EstimateQueries
 from ledger.store.intake import IntakeQueries
 from ledger.store.jobs import ACTIVE_JOBS, JobQueries
 from ledger.store.lineage import LineageQueries
@@ -27,6 +28,7 @@ class Store(
     BatchResultQueries,
     DeadlineQueries,
     DeliveryReadings,
+    EstimateQueries,
     JobQueries,
     AuditQueries,
     LineageQueries,
