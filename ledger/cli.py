@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ledger.cli_delivery import deadline_option, file_specs, job_delivery_json, print_estimate
 from ledger.cli_jobs import register_job_commands
+from ledger.cli_pools import register_pool_commands
 from ledger.console import err, fail, json_default, open_store, operator_errors, out, settings_or_exit, text_of
 from ledger.enqueue import Defaults
 from ledger.settings import Settings
@@ -402,6 +403,7 @@ def status(
 
 pools_app = typer.Typer(help="Endpoint pools: what holds them back, and lifting a pause.", no_args_is_help=True)
 app.add_typer(pools_app, name="pools")
+register_pool_commands(pools_app)
 
 
 @pools_app.command("resume")

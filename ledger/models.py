@@ -354,6 +354,20 @@ class LlmPool(SQLModel, table=True):
     paused_reason: str | None = Field(default=None, sa_column=Column(String(300), nullable=True))
 
 
+class LlmPoolOverride(SQLModel, table=True):
+    """A pool's limits as changed live by `ledger pools set` (migration 0017): read by every
+    daemon's claim, over its settings, until `ledger pools reset` deletes the row. NULL: the
+    setting (or its absence) stands for that limit."""
+
+    __tablename__ = "llm_pool_overrides"
+
+    endpoint: str = Field(sa_column=Column(String(300), primary_key=True))
+    concurrency: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    rpm: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    tpm: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    updated_at: datetime | None = _ts(nullable=False, default_now=True)
+
+
 class LlmPoolCall(SQLModel, table=True):
     """A call started in a pool with an RPM/TPM cap: the pool's sliding window, pruned as it slides.
 

@@ -15,6 +15,7 @@ from ledger.store.estimates import EstimateQueries
 from ledger.store.intake import IntakeQueries
 from ledger.store.jobs import ACTIVE_JOBS, JobQueries
 from ledger.store.lineage import LineageQueries
+from ledger.store.pool_overrides import PoolOverrideQueries
 from ledger.store.queue import REQUESTS_LEFT, EnqueueResult, QueueQueries
 from ledger.store.schema import DatabaseError, open_engine
 
@@ -29,6 +30,7 @@ class Store(
     DeadlineQueries,
     DeliveryReadings,
     EstimateQueries,
+    PoolOverrideQueries,
     JobQueries,
     AuditQueries,
     LineageQueries,

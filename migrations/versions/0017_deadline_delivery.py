@@ -1,4 +1,5 @@
-"""delivery `auto`: a request's deadline and how it was answered; a batch's deadline fallback
+"""delivery `auto`: a request's deadline and how it was answered; a batch's deadline fallback;
+pool limits changed live
 
 Revision ID: 0017
 Revises: 0013
@@ -9,6 +10,7 @@ fallback looks for those near it); `answered_via` says whether a completed reque
 provider batch or an online call. `llm_batches.fallback_at` marks a batch canceled because one
 of its `auto` requests reached its deadline less the margin. `llm_attempts.cost_usd` holds what
 a batch answer cost when it came after its request had gone online (spent, not the result).
+`llm_pool_overrides` holds a pool's limits as `ledger pools set` changed them, over its settings.
 """
 
 from __future__ import annotations
@@ -38,9 +40,20 @@ def upgrade() -> None:
         postgresql_where=_OPEN_AUTO,
         sqlite_where=_OPEN_AUTO,
     )
+    op.create_table(
+        "llm_pool_overrides",
+        sa.Column("endpoint", sa.String(length=300), primary_key=True),
+        sa.Column("concurrency", sa.Integer(), nullable=True),
+        sa.Column("rpm", sa.Integer(), nullable=True),
+        sa.Column("tpm", sa.Integer(), nullable=True),
+        sa.Column(
+            "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("CURRENT_TIMESTAMP")
+        ),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("llm_pool_overrides")
     op.drop_index("ix_llm_requests_deadline", table_name="llm_requests")
     # Plain DROP COLUMN (SQLite 3.35+): no table rebuild, so the views over these tables stay.
     op.drop_column("llm_attempts", "cost_usd")
