@@ -8,7 +8,8 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,10 +21,12 @@ from adapters.mock_provider.answers import chat_answer
 from ledger.api import Ledger
 from ledger.cli import app
 from ledger.enqueue import build_spec
+from ledger.jobs import trigger
 from ledger.settings import Settings
+from ledger.spec import load_spec
 from ledger.store import Store
 from ledger.web import WebConfig, create_app
-from tests.integration.batch_helpers import attempts_t, batch_settings, batches_t, requests_t, rows, run
+from tests.integration.batch_helpers import EXAMPLE_SPEC, attempts_t, batch_settings, batches_t, requests_t, rows, run
 
 MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
 
@@ -186,4 +189,25 @@ def test_answers_a_canceling_batch_gives_after_its_requests_went_online_are_kept
     assert late  # the batch answered some of them before the cancel: paid for, not their result
     late_costs = [a["cost_usd"] for a in rows(store, attempts_t) if a["error_code"] == "answered_late"]
     assert len(late_costs) == len(late) and all(c is not None and c > 0 for c in late_costs)
+    store.close()
+
+
+def test_a_job_spec_with_delivery_auto_goes_into_a_batch_with_its_deadline_and_report_shows_the_saving(
+    db_url: str,
+) -> None:
+    spec = load_spec(EXAMPLE_SPEC)
+    spec = replace(spec, id="auto-eval", delivery="auto", deadline=(datetime.now(UTC) + timedelta(hours=2)).isoformat())
+    with running_mock_provider(batch_latency=0.2) as mock:
+        settings = batch_settings(db_url, mock)
+        store = Store(db_url)
+        trigger(store, settings, spec)
+        run(settings)
+        assert mock.stats()["batch_creates"] == {"openai": 1}
+    job = store.get_job("auto-eval")
+    assert job is not None and job["status"] == "completed"
+    requests = rows(store, requests_t)
+    assert len(requests) == 30 and {r["answered_via"] for r in requests} == {"batch"}
+    assert {utc(r["deadline"]) for r in requests} == {datetime.fromisoformat(spec.deadline or "")}
+    shown = CliRunner().invoke(app, ["report", "auto-eval"], env={"LEDGER_DATABASE_URL": db_url}).stdout
+    assert "saved by provider batches" in shown and "30 via batch" in shown and "0 answered late" in shown
     store.close()
