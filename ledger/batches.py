@@ -45,8 +45,8 @@ from adapters.base import (
 )
 from adapters.registry import BATCH_PROVIDERS, make_batch_adapter
 from ledger import events
+from ledger.deadline_fallback import DeadlineFallback
 from ledger.executor import stored_call
-from ledger.metrics import NO_METRICS, Metrics
 from ledger.parsing import derive
 from ledger.pools import endpoint_for
 from ledger.prices import Price, PriceTable
@@ -116,7 +116,7 @@ class BatchWorker:
         self._said_online: set[str] = set()
         self._workdir = Path(tempfile.mkdtemp(prefix="ledger-batches-"))
         self.step_started = 0.0  # wall clock at the start of the step under way (for its events)
-        self.metrics: Metrics = NO_METRICS  # the daemon's, when it serves metrics
+        self.fallback = DeadlineFallback(store, lane, settings)
 
     # -- the loop --------------------------------------------------------------
 
@@ -146,7 +146,7 @@ class BatchWorker:
 
     async def cycle(self, stop: anyio.Event) -> bool:
         """Submit what is ready, then take every batch step that is due; True if anything was done."""
-        did = await self._deadlines()
+        did = await self.fallback.check()
         groups = await self.lane.run(self.store.batch_groups, self.settings.provider_batch_wait)
         if any(g.provider not in BATCH_PROVIDERS for g in groups):
             await self._go_online()
@@ -187,23 +187,6 @@ class BatchWorker:
         except Exception:  # a bug in one step must not take the daemon down; the lease expires
             LOG.exception("batch step failed; it is taken up again when its lease expires")
         return None
-
-    async def _deadlines(self) -> bool:
-        """Delivery `auto` at its deadline less LEDGER_DEADLINE_MARGIN_SECONDS: a request still
-        waiting for a batch goes online; a batch holding one is marked, and its next poll (due
-        now) cancels it and takes what it has not answered online. True if anything was done."""
-        margin = self.settings.deadline_margin_seconds
-        if not await self.lane.run(self.store.deadlines_due, margin):
-            return False
-        moved = await self.lane.run(self.store.auto_online_now, margin)
-        self._fell_back(None, moved)
-        marked = await self.lane.run(self.store.mark_fallbacks, margin)
-        return bool(moved or marked)
-
-    def _fell_back(self, batch_id: int | None, moved: dict[str, int]) -> None:
-        for pool, count in moved.items():
-            events.deadline_fallback(batch_id, pool, count)
-            self.metrics.deadline_fallbacks(pool, count)
 
     async def _go_online(self) -> None:
         moved = await self.lane.run(self.store.move_to_online, BATCH_PROVIDERS)
@@ -420,7 +403,7 @@ class BatchWorker:
             await self.lane.run(lambda: self.store.note_poll(lease, poll_error=why, release_for=interval))
             return
         if fallback and not batch.ended:  # not waiting for the provider's cancel: its late answers are kept apart
-            self._fell_back(lease.id, await self.lane.run(self.store.detach_for_deadline, lease))
+            self.fallback.said(lease.id, await self.lane.run(self.store.detach_for_deadline, lease))
         await self.lane.run(
             lambda: self.store.note_poll(
                 lease,
@@ -478,7 +461,7 @@ class BatchWorker:
         events.batch_mapped(lease.id, batch.id, batch.status, total, foreign, round(map_s, 3))
         if left.online:
             pool = endpoint_for(row["provider"], row["model"], self.settings.compatible_base_url)
-            self._fell_back(lease.id, {pool: left.online})
+            self.fallback.said(lease.id, {pool: left.online})
         for request_id, cached_from in total.cache_hits:
             events.cache_hit(request_id, cached_from)
 
