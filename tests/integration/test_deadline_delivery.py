@@ -211,3 +211,18 @@ def test_a_job_spec_with_delivery_auto_goes_into_a_batch_with_its_deadline_and_r
     shown = CliRunner().invoke(app, ["report", "auto-eval"], env={"LEDGER_DATABASE_URL": db_url}).stdout
     assert "saved by provider batches" in shown and "30 via batch" in shown and "0 answered late" in shown
     store.close()
+
+
+def test_a_request_past_its_deadline_is_not_refused_it_is_finished_online_and_counted_late(db_url: str) -> None:
+    past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+    with running_mock_provider(batch_latency=100.0) as mock:
+        settings = batch_settings(db_url, mock)
+        enqueue_auto(settings, 10, "openai", past, job_id="late")
+        run(settings)
+        assert mock.stats()["batch_creates"] == {}  # never batched: no time for one
+    store = Store(db_url)
+    answered_once(store)
+    assert {r["answered_via"] for r in rows(store, requests_t)} == {"online"}
+    said = store.job_delivery("late")
+    assert said["late"] == 10 and said["answered_via"] == {"online": 10}
+    store.close()
