@@ -45,13 +45,16 @@ from adapters.base import (
 )
 from adapters.registry import BATCH_PROVIDERS, make_batch_adapter
 from ledger import events
+from ledger.deadline_fallback import DeadlineFallback
 from ledger.executor import stored_call
 from ledger.parsing import derive
+from ledger.pools import endpoint_for
 from ledger.prices import Price, PriceTable
 from ledger.record import DbLane
 from ledger.retry import RetryPolicy
 from ledger.settings import Settings
 from ledger.statuses import BatchStatus
+from ledger.stop_points import stop_point
 from ledger.store import Store
 from ledger.store.batch_results import LineOutcome, Mapped
 from ledger.store.batches import BatchGroup, BatchLease, BatchLeaseLost
@@ -113,6 +116,7 @@ class BatchWorker:
         self._said_online: set[str] = set()
         self._workdir = Path(tempfile.mkdtemp(prefix="ledger-batches-"))
         self.step_started = 0.0  # wall clock at the start of the step under way (for its events)
+        self.fallback = DeadlineFallback(store, lane, settings)
 
     # -- the loop --------------------------------------------------------------
 
@@ -142,7 +146,7 @@ class BatchWorker:
 
     async def cycle(self, stop: anyio.Event) -> bool:
         """Submit what is ready, then take every batch step that is due; True if anything was done."""
-        did = False
+        did = await self.fallback.check()
         groups = await self.lane.run(self.store.batch_groups, self.settings.provider_batch_wait)
         if any(g.provider not in BATCH_PROVIDERS for g in groups):
             await self._go_online()
@@ -382,19 +386,24 @@ class BatchWorker:
         provider_id = str(row["provider_batch_id"])
         interval = self.settings.batch_poll_interval
         refused = None
+        fallback = row["fallback_at"] is not None
         try:
-            if row["cancel_requested_at"] is not None and row["cancel_sent_at"] is None:
+            wanted = row["cancel_requested_at"] is not None or fallback
+            if wanted and row["cancel_sent_at"] is None:
                 try:
                     await adapter.cancel(provider_id)
                 except ProviderError as exc:  # the batch is looked at all the same: it may have ended
                     refused = f"cancel not taken: {exc.message}"
                 else:
                     await self.lane.run(self.store.note_cancel_sent, lease.id)
+                    stop_point("deadline_cancel_sent" if fallback else "cancel_sent")
             batch = await adapter.retrieve(provider_id)
         except ProviderError as exc:  # a local or transient failure: what the provider said stays
             why = exc.message
             await self.lane.run(lambda: self.store.note_poll(lease, poll_error=why, release_for=interval))
             return
+        if fallback and not batch.ended:  # not waiting for the provider's cancel: its late answers are kept apart
+            self.fallback.said(lease.id, await self.lane.run(self.store.detach_for_deadline, lease))
         await self.lane.run(
             lambda: self.store.note_poll(
                 lease,
@@ -450,6 +459,9 @@ class BatchWorker:
         total.add(left)
         await adapter.clean_up(batch)
         events.batch_mapped(lease.id, batch.id, batch.status, total, foreign, round(map_s, 3))
+        if left.online:
+            pool = endpoint_for(row["provider"], row["model"], self.settings.compatible_base_url)
+            self.fallback.said(lease.id, {pool: left.online})
         for request_id, cached_from in total.cache_hits:
             events.cache_hit(request_id, cached_from)
 

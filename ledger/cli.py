@@ -17,8 +17,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from ledger.cli_delivery import deadline_option, file_specs, job_delivery_json, print_estimate
 from ledger.cli_jobs import register_job_commands
 from ledger.cli_mock import register_mock_command
+from ledger.cli_pools import register_pool_commands
 from ledger.console import (
     err,
     fail,
@@ -33,7 +35,7 @@ from ledger.console import (
 )
 from ledger.enqueue import Defaults, dropped_warnings
 from ledger.settings import Settings
-from ledger.statuses import Delivery, RequestStatus
+from ledger.statuses import DeliveryChoice, RequestStatus
 
 app = typer.Typer(
     name="ledger",
@@ -76,8 +78,15 @@ def enqueue(
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model for every line (overrides the file).")] = None,
     delivery: Annotated[
-        Delivery | None,
-        typer.Option(help="online: called by the daemon; batch: sent in provider batch jobs."),
+        DeliveryChoice | None,
+        typer.Option(
+            help="online: called by the daemon; batch: sent in provider batch jobs; auto: a batch, finished"
+            " online by --deadline."
+        ),
+    ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(help="With --delivery auto: a duration (90s, 45m, 6h, 2d) or an ISO-8601 time (default 24h)."),
     ] = None,
     job: Annotated[str | None, typer.Option(help="Job id the requests belong to.")] = None,
     priority: Annotated[int | None, typer.Option(help="Higher runs sooner (default 0).")] = None,
@@ -89,6 +98,10 @@ def enqueue(
         bool,
         typer.Option("--no-cache", help="Call the provider for every line, even one the ledger has answered before."),
     ] = False,
+    estimate: Annotated[
+        bool, typer.Option("--estimate", help="Write nothing: print what the file would cost at most, and cache hits.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --estimate: print one JSON object.")] = False,
 ) -> None:
     """Queue every line of FILE; lines seen before (same custom_id, same body) are skipped.
 
@@ -103,18 +116,23 @@ def enqueue(
         fail(f"{file}: {'is a directory, not a file' if file.is_dir() else 'no such file'}")
     settings = settings_or_exit()
     configure_logs(settings)
-    store = open_store(settings)
+    deadline_at = deadline_option(deadline, delivery)  # before the store: a bad flag opens nothing
     if parse is not None and parse not in ("verdict", "json"):
         fail(f"--parse: unknown parser {parse!r} (known: verdict, json)")
     defaults = Defaults(
         provider=provider,
         model=model,
         delivery=delivery,
+        deadline=deadline_at,
         job_id=job,
         priority=priority,
         parse=parse,
         cache=False if no_cache else None,
     )
+    if estimate:  # writes nothing, and opens an existing ledger only
+        print_estimate(file_specs(file, defaults, settings), settings, as_json)
+        return
+    store = open_store(settings)
     with operator_errors():
         result = enqueue_file(store, settings, file, defaults)
     announce(result)
@@ -324,6 +342,8 @@ def export_line(row: dict[str, Any]) -> dict[str, Any]:
             "reasoning_tokens": row["reasoning_tokens"],
         },
         "cost_usd": row["cost_usd"],
+        "answered_via": row["answered_via"],
+        "deadline": row["deadline"],
         "attempts": row["attempts"],
         "latency_ms": row["latency_ms"],
         "error": error,
@@ -364,6 +384,8 @@ def status(
             **job_status(store, settings),
             "cache": {"hits_today": hits, "saved_usd_today": round(saved, 10)},
         }
+        if job is not None:
+            said["job"] = job_delivery_json(store, settings, job)
         out.print_json(json.dumps(said, default=json_default))
         return
     print_job_status(job_status(store, settings))
@@ -406,6 +428,7 @@ pools_app = typer.Typer(
     help="Endpoint pools: what holds them back, and lifting a pause.", no_args_is_help=True, rich_markup_mode=None
 )
 app.add_typer(pools_app, name="pools")
+register_pool_commands(pools_app)
 
 
 @pools_app.command("resume")

@@ -17,6 +17,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ledger.cli_delivery import job_delivery_json, job_requests, print_estimate, print_job_cost
 from ledger.console import err, fail, json_default, open_ledger, open_store, operator_errors, out, settings_or_exit
 from ledger.settings import Settings
 
@@ -38,6 +39,9 @@ def eval_job(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    estimate: Annotated[
+        bool, typer.Option("--estimate", help="Write nothing: print what the job would cost at most, and cache hits.")
+    ] = False,
 ) -> None:
     """Trigger an evaluation job: judges x dimensions over an artifact (refused with exit 3 at capacity or budget)."""
     from ledger.jobs import TriggerRefused, trigger
@@ -48,6 +52,9 @@ def eval_job(
         spec = load_spec(spec_file)
     except SpecError as exc:
         fail(str(exc))
+    if estimate:  # writes nothing, and opens an existing ledger only
+        print_estimate(job_requests(spec, settings), settings, as_json)
+        return
     store = open_store(settings)
     try:
         with operator_errors():
@@ -162,6 +169,7 @@ def print_scores(store: Any, job_id: str) -> None:
     for dimension in spec.dimensions:
         table.add_row(dimension.id, *[score_cell(cells.get((agent, dimension.id), [])) for agent in agents])
     out.print(table)
+    print_job_cost(store, job_id)
     truncated = store.job_progress(job_id)["truncated"]
     if truncated:
         out.print(f"{truncated} answers cut off at max_tokens", highlight=False)
@@ -221,6 +229,7 @@ def job_status(store: Any, settings: Settings) -> dict[str, Any]:
                 "truncated": progress["truncated"],
                 # Pools paused by a spent quota that this job's queued requests wait on.
                 "paused_pools": store.job_paused_pools(job["id"]),
+                **job_delivery_json(store, settings, job["id"]),
             }
         )
     spent = store.spend_today()

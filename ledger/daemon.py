@@ -182,6 +182,8 @@ async def _run(
     if served is not None:
         recorder.metrics = scheduler.metrics = scheduler.leases.metrics = served.metrics
     batch_worker = BatchWorker(store, lane, settings, worker, batch_adapters)
+    if served is not None:
+        batch_worker.fallback.metrics = served.metrics
     coordinator = Coordinator(store, lane, settings)
     scheduler.idle = coordinator.calls_answered
     scheduler.ready = _tuning.freeze_what_is_built  # what it built to keep is out of the collector's reach

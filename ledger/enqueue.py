@@ -30,6 +30,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -40,13 +41,14 @@ from adapters.input_lines import custom_id_of, read_line
 from adapters.openai_responses import RESPONSES_API
 from adapters.registry import APIS, PROVIDER_NAMES, RESPONSES_PROVIDERS, api_for, wire_check
 from adapters.translation import Untranslatable
+from ledger.deadlines import parse_deadline, stored_delivery
 from ledger.fingerprint import body_hash, cache_key, canonical, json_texts
 from ledger.params import params_problem
 from ledger.parsing import PARSERS, parse_name
 from ledger.pools import endpoint_for, normalize_endpoint
 from ledger.prices import PriceTable, input_bytes, token_estimate
 from ledger.settings import DEFAULT_MAX_LINE_BYTES
-from ledger.statuses import Delivery
+from ledger.statuses import DeliveryChoice
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 # Column lengths (ledger/models.py): PostgreSQL refuses a longer value half-way through an insert.
@@ -77,7 +79,10 @@ class RequestSpec(BaseModel):
     provider: str = "openai"
     params: dict[str, Any] = Field(default_factory=dict)
     response_format: dict[str, Any] | None = None
-    delivery: Delivery = Delivery.ONLINE
+    delivery: DeliveryChoice = DeliveryChoice.ONLINE
+    # Delivery `auto` only: by when it should be answered (a duration from now such as `6h`, or
+    # an ISO-8601 time; 24 hours when not given). ledger/deadlines.py.
+    deadline: datetime | None = None
     priority: int = Field(default=0, ge=-_INT32, le=_INT32)
     job_id: str | None = Field(default=None, min_length=1, max_length=200)
     purpose: str | None = Field(default=None, max_length=100)
@@ -198,6 +203,17 @@ class RequestSpec(BaseModel):
                 raise ValueError(f"messages[{typed}].role is missing (typed input items need api 'responses')")
         return self
 
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _readable_deadline(cls, value: Any) -> datetime | None:
+        return None if value is None else parse_deadline(value)
+
+    @model_validator(mode="after")
+    def _deadline_is_auto(self) -> RequestSpec:
+        if self.deadline is not None and self.delivery != DeliveryChoice.AUTO:
+            raise ValueError(f"deadline: only with delivery 'auto', not {self.delivery.value!r}")
+        return self
+
     @field_validator("endpoint")
     @classmethod
     def _valid_endpoint(cls, value: str | None) -> str | None:
@@ -210,7 +226,8 @@ class Defaults:
 
     provider: str | None = None
     model: str | None = None
-    delivery: Delivery | None = None
+    delivery: DeliveryChoice | None = None
+    deadline: datetime | None = None  # --deadline (read once, so every line has the same time)
     job_id: str | None = None
     priority: int | None = None
     parse: str | None = None
@@ -265,6 +282,7 @@ def checked_row(
     input_ = {"system": system, "messages": messages}
     dropped = provider_check(spec, input_, api)
     endpoint = spec.endpoint or endpoint_for(spec.provider, spec.model, compatible_base_url, per_model=pools_per_model)
+    delivery, deadline = stored_delivery(spec.delivery, spec.provider, spec.deadline)
     row: dict[str, Any] = {
         "job_id": spec.job_id,
         "purpose": spec.purpose,
@@ -274,7 +292,7 @@ def checked_row(
         "input": input_,
         "params": spec.params or None,
         "response_format": spec.response_format,
-        "delivery": spec.delivery.value,
+        "delivery": delivery,
         "priority": spec.priority,
         "trace": spec.trace,
         "api": api,
@@ -294,7 +312,7 @@ def checked_row(
         prompt_bytes = input_bytes(input_)
         row["token_estimate"] = token_estimate(prompt_bytes, spec.params)
         if prices is not None:
-            batch = spec.delivery is Delivery.BATCH
+            batch = spec.delivery == DeliveryChoice.BATCH  # `auto` may end online: reserved at that price
             row["estimate_usd"] = prices.worst_case(spec.provider, spec.model, prompt_bytes, spec.params, batch=batch)
     except (TypeError, ValueError):  # a value JSON or UTF-8 cannot hold (NaN, a datetime, a lone surrogate)
         raise EnqueueError(_unstorable(row)) from None
@@ -310,6 +328,7 @@ def checked_row(
         raise EnqueueError(_unstorable(row)) from None
     if size > max_bytes:
         raise EnqueueError(f"request is {size} bytes as stored, over the limit of {max_bytes} (LEDGER_MAX_LINE_BYTES)")
+    row["deadline"] = deadline  # not part of what the request asks: no key or hash covers it
     return row, texts
 
 
@@ -419,7 +438,7 @@ def spec_from_line(obj: Any, defaults: Defaults) -> RequestSpec:
 
 
 # A line's top-level keys that are the ledger's, not the provider's (in every shape).
-LEDGER_LINE_KEYS = frozenset({"parse", "score_range", "sources", "cache", "sample"})
+LEDGER_LINE_KEYS = frozenset({"parse", "score_range", "sources", "cache", "sample", "deadline"})
 
 
 def _ledger_fields(obj: dict[str, Any], defaults: Defaults) -> dict[str, Any]:
@@ -437,6 +456,10 @@ def _line_spec(fields: dict[str, Any], defaults: Defaults) -> RequestSpec:
     """A line's spec, with the command line's --delivery and --priority over it."""
     if defaults.delivery is not None:
         fields["delivery"] = defaults.delivery
+    elif fields.get("deadline") is not None:  # a line's deadline asks for `auto`
+        fields["delivery"] = DeliveryChoice.AUTO
+    if defaults.deadline is not None:
+        fields["deadline"] = defaults.deadline
     if defaults.priority is not None:
         fields["priority"] = defaults.priority
     if not fields["model"]:

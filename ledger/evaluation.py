@@ -18,7 +18,7 @@ from typing import Any
 from ledger.enqueue import RequestSpec, build_spec
 from ledger.parsing import RejectedEntry, cut_off, evaluation_schema, parse_structured, parse_verdict
 from ledger.spec import AgentSpec, DimensionSpec, JobSpec
-from ledger.statuses import OPEN_STATUSES, Delivery, RequestStatus
+from ledger.statuses import OPEN_STATUSES, DeliveryChoice, RequestStatus
 
 SINGLE, STRUCTURED = "single", "structured"
 PURPOSE = "evaluation"
@@ -78,7 +78,8 @@ def _request(spec: JobSpec, agent: AgentSpec, **fields: Any) -> RequestSpec:
         model=agent.model,
         system=agent.system,
         params=dict(agent.params),
-        delivery=Delivery(spec.delivery),
+        delivery=DeliveryChoice(spec.delivery),
+        deadline=spec.deadline,
         job_id=spec.id,
         purpose=PURPOSE,
         cache=spec.cache,

@@ -193,6 +193,22 @@ def simulated_batching(provider: str, count: int) -> None:
     )
 
 
+def deadline_fallback(batch_id: int | None, pool: str, count: int) -> None:
+    """Delivery `auto` at its deadline less the margin: requests taken out of a batch (canceled at
+    the provider) or out of the batch queue (`batch_id` None) and called online."""
+    where = f"batch {batch_id}" if batch_id is not None else "the batch queue"
+    _emit(
+        logging.WARNING,
+        {
+            "event": "deadline_fallback",
+            "batch_id": batch_id,
+            "pool": pool,
+            "requests": count,
+            "message": f"{count} request(s) of {pool} taken from {where} to finish online by their deadline",
+        },
+    )
+
+
 def batch_submitted(
     batch_id: int,
     provider: str,

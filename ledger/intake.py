@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger import events
+from ledger.deadlines import deadline_text
 from ledger.enqueue import STDIN, Defaults, EnqueueError, RequestSpec, as_spec, checked_row, read_jsonl_file
 from ledger.fingerprint import JSON_FIELDS, differing_fields
 from ledger.settings import Settings
@@ -127,6 +128,8 @@ class Intake:
             )
         except EnqueueError as exc:
             raise EnqueueError(self._at(pos, str(exc))) from None
+        if row["deadline"] is not None:
+            row["deadline"] = deadline_text(row["deadline"], self.store.dialect.name)
         values = tuple(texts[c] if c in texts else row.get(c) for c in self.columns)
         if row["dropped_params"]:
             self.dropped.update((row["provider"], name) for name in row["dropped_params"])

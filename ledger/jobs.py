@@ -28,7 +28,7 @@ from sqlalchemy.exc import DBAPIError
 
 from adapters.registry import STRUCTURED_OUTPUT_PROVIDERS
 from ledger import events
-from ledger.enqueue import count_dropped, to_row, warn_dropped
+from ledger.enqueue import RequestSpec, count_dropped, to_row, warn_dropped
 from ledger.evaluation import Plan, elapsed_seconds, plan, requests_for, single_request
 from ledger.parsing import derive
 from ledger.record import DbLane
@@ -55,16 +55,22 @@ def limits_of(settings: Settings) -> dict[str, Any]:
     }
 
 
+def first_requests(spec: JobSpec, settings: Settings) -> list[RequestSpec]:
+    """The requests a job is staged with (every judge x dimension x sample; structured batching
+    asks a provider that follows a schema for every dimension at once)."""
+    structured_for = STRUCTURED_OUTPUT_PROVIDERS if settings.batching_enabled else frozenset()
+    return list(requests_for(spec, structured_for))
+
+
 def trigger(store: Store, settings: Settings, spec: JobSpec) -> Staged:
     """Stage the job and its first requests in one transaction, or raise `TriggerRefused`.
 
     Re-triggering a job id adds nothing (`Staged.created` is False).
     """
-    structured_for = STRUCTURED_OUTPUT_PROVIDERS if settings.batching_enabled else frozenset()
     per_model = settings.compatible_pools_per_model
     rows = [
         to_row(r, settings.compatible_base_url, settings.prices, pools_per_model=per_model)
-        for r in requests_for(spec, structured_for)
+        for r in first_requests(spec, settings)
     ]
     warn_dropped(count_dropped(rows))
     job = {

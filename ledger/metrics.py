@@ -72,6 +72,9 @@ class Metrics:
     def leases_cut(self, count: int) -> None:
         """Calls cut off because their leases could not be kept."""
 
+    def deadline_fallbacks(self, pool: str, count: int) -> None:
+        """Delivery `auto` requests moved from the batch path to online at their deadline."""
+
 
 NO_METRICS = Metrics()
 
@@ -165,6 +168,12 @@ class PrometheusMetrics(Metrics):
             "ledger_lease_renewals_lost", "Lease renewals that failed or did not finish in time.", registry=r
         )
         self.cut = Counter("ledger_leases_cut", "Calls cut off because their leases could not be kept.", registry=r)
+        self.fallbacks = Counter(
+            "ledger_deadline_fallbacks",
+            "Delivery auto requests this daemon moved from a provider batch (or its queue) online at their deadline.",
+            ["pool"],
+            registry=r,
+        )
         ProcessCollector(registry=r)
         self.ledger = LedgerCollector(pool_limit, configured_pools, global_limit)
         r.register(self.ledger)
@@ -207,6 +216,9 @@ class PrometheusMetrics(Metrics):
 
     def leases_cut(self, count: int) -> None:
         self.cut.inc(count)
+
+    def deadline_fallbacks(self, pool: str, count: int) -> None:
+        self.fallbacks.labels(pool).inc(count)
 
     async def keep_reading(self, read: Callable[[], Awaitable[LedgerCounts]], interval: float) -> None:
         """Read the ledger's counts now and every `interval` seconds, until cancelled.

@@ -52,6 +52,9 @@ def _check(column: str, enum: type[StrEnum]) -> CheckConstraint:
     return CheckConstraint(f"{column} IN ({values})", name=f"{column}_valid")
 
 
+_OPEN_AUTO = text("deadline IS NOT NULL AND status IN ('queued', 'submitted')")
+
+
 def _where_set(column: str) -> dict[str, Any]:
     """A partial index's predicate, on both databases: the rows where `column` is set."""
     where = text(f"{column} IS NOT NULL")
@@ -140,6 +143,9 @@ class LlmBatch(SQLModel, table=True):
     next_poll_at: datetime | None = _ts()
     cancel_requested_at: datetime | None = _ts()
     cancel_sent_at: datetime | None = _ts()
+    # An `auto` request in it reached its deadline less LEDGER_DEADLINE_MARGIN_SECONDS (migration
+    # 0015): the batch is canceled and what it has not answered goes online.
+    fallback_at: datetime | None = _ts()
     adopted_at: datetime | None = _ts()  # found at the provider after a crash in the create window
     created_at: datetime | None = _ts(nullable=False, default_now=True)
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
@@ -174,6 +180,8 @@ class LlmRequest(SQLModel, table=True):
         Index("ix_llm_requests_cache_key", "cache_key", **_where_set("cache_key")),
         Index("ix_llm_requests_twin_of", "twin_of", **_where_set("twin_of")),
         Index("ix_llm_requests_cached_from", "cached_from", **_where_set("cached_from")),
+        # Delivery `auto`'s requests still open (migration 0015): what the deadline fallback reads.
+        Index("ix_llm_requests_deadline", "deadline", postgresql_where=_OPEN_AUTO, sqlite_where=_OPEN_AUTO),
     )
 
     id: int | None = Field(default=None, sa_column=Column(IdType, primary_key=True, autoincrement=True))
@@ -265,6 +273,11 @@ class LlmRequest(SQLModel, table=True):
     # their names, sorted; NULL when none was.
     dropped_params: list[str] | None = _json()
     twin_of: int | None = Field(default=None, sa_column=Column(IdType, nullable=True))
+    # Delivery `auto` (migration 0015): the time by which it should be answered (set only for
+    # `auto`), and how a completed request's answer came: `batch` or `online` (NULL: from the
+    # response cache, or not completed).
+    deadline: datetime | None = _ts()
+    answered_via: str | None = Field(default=None, sa_column=Column(String(10), nullable=True))
     created_at: datetime | None = _ts(nullable=False, default_now=True)
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
     completed_at: datetime | None = _ts()
@@ -317,6 +330,9 @@ class LlmAttempt(SQLModel, table=True):
     error_message: str | None = _text()
     retry_delay_s: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
     latency_ms: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    # What a batch answer paid for after its request had gone online at its deadline (migration
+    # 0015): counted in the spend, never the request's result.
+    cost_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
     started_at: datetime | None = _ts(nullable=False, default_now=True)
     finished_at: datetime | None = _ts()
 
@@ -339,6 +355,20 @@ class LlmPool(SQLModel, table=True):
     # Paused (migration 0012): the provider said the account's quota or balance is spent. No claim
     # of the pool until `cooldown_until`, then one call probes (`learned_limit` 1 meanwhile).
     paused_reason: str | None = Field(default=None, sa_column=Column(String(300), nullable=True))
+
+
+class LlmPoolOverride(SQLModel, table=True):
+    """A pool's limits as changed live by `ledger pools set` (migration 0015): read by every
+    daemon's claim, over its settings, until `ledger pools reset` deletes the row. NULL: the
+    setting (or its absence) stands for that limit."""
+
+    __tablename__ = "llm_pool_overrides"
+
+    endpoint: str = Field(sa_column=Column(String(300), primary_key=True))
+    concurrency: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    rpm: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    tpm: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    updated_at: datetime | None = _ts(nullable=False, default_now=True)
 
 
 class LlmPoolCall(SQLModel, table=True):

@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     # account with a smaller one; never raises it.
     provider_batch_max_bytes: int | None = Field(default=None, alias="LEDGER_PROVIDER_BATCH_MAX_BYTES", ge=1024)
     batch_poll_interval: float = Field(default=30.0, alias="LEDGER_BATCH_POLL_INTERVAL", gt=0)
+    # Delivery `auto`: this long before a request's deadline, what its provider batch has not
+    # answered is taken out of the batch (the batch canceled) and called online.
+    deadline_margin_seconds: float = Field(default=1800.0, alias="LEDGER_DEADLINE_MARGIN_SECONDS", ge=1)
     prices_file: str | None = Field(default=None, alias="LEDGER_PRICES_FILE")
     # One JSONL line (or one request from Python, as stored) at most this big: a file with
     # no newline, or a runaway prompt, is refused with one line instead of filling memory.

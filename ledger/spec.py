@@ -22,18 +22,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from adapters.registry import PROVIDER_NAMES
+from ledger.deadlines import parse_deadline
 from ledger.params import params_problem
 
 _T = TypeVar("_T")
 
-DELIVERIES = ("online", "batch")
+DELIVERIES = ("online", "batch", "auto")
 # Judges score every dimension with an integer on this scale; not configurable, so
 # scores from different jobs can be compared with plain SQL.
 SCORE_MIN, SCORE_MAX = 1, 5
 
 _JOB_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 _JOB_ID_RULE = "1-200 letters, digits or . _ : -"
-_TOP_KEYS = ("id", "delivery", "budget_usd", "artifact", "agents", "dimensions", "cache", "samples")
+_TOP_KEYS = ("id", "delivery", "deadline", "budget_usd", "artifact", "agents", "dimensions", "cache", "samples")
 _ARTIFACT_KEYS = ("path", "text")
 _AGENT_KEYS = ("name", "provider", "model", "system", "params")
 _DIMENSION_KEYS = ("id", "name", "instruction", "success", "failure")
@@ -84,6 +85,9 @@ class JobSpec:
     dimensions: tuple[DimensionSpec, ...]
     cache: bool = True  # False: every request called, never answered from the response cache
     samples: int = 1  # each (judge, dimension) asked this many times (samples 0..N-1)
+    # Delivery `auto`: the deadline as an ISO-8601 UTC time, fixed when the spec was read (a
+    # duration counts from then), so a resumed job keeps it. None: 24 hours from each enqueue.
+    deadline: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values for the jobs table, so a resumed job never rereads the files."""
@@ -97,6 +101,7 @@ class JobSpec:
             "dimensions": [asdict(dimension) for dimension in self.dimensions],
             "cache": self.cache,
             "samples": self.samples,
+            "deadline": self.deadline,
         }
 
     @classmethod
@@ -112,6 +117,7 @@ class JobSpec:
             dimensions=tuple(DimensionSpec(**dimension) for dimension in data["dimensions"]),
             cache=bool(data.get("cache", True)),
             samples=int(data.get("samples", 1)),
+            deadline=data.get("deadline"),
         )
 
 
@@ -144,7 +150,8 @@ def spec_from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path, d
         job_id = default_id
     delivery = top.optional_text("delivery") or "online"
     if delivery not in DELIVERIES:
-        raise top.fail("delivery", f"must be 'online' or 'batch', got {delivery!r}")
+        raise top.fail("delivery", f"must be 'online', 'batch' or 'auto', got {delivery!r}")
+    deadline = _deadline(top, delivery)
     budget = top.get("budget_usd")
     if budget is not None and (not _is_number(budget) or not math.isfinite(budget) or budget < 0):
         raise top.fail("budget_usd", f"must be a number >= 0, got {_show(budget)}")
@@ -167,7 +174,22 @@ def spec_from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path, d
         dimensions=dimensions,
         cache=cache is not False,
         samples=1 if samples is None else samples,
+        deadline=deadline,
     )
+
+
+def _deadline(top: _Table, delivery: str) -> str | None:
+    """`deadline` (delivery `auto` only) as an ISO-8601 UTC time."""
+    raw = top.get("deadline")  # a TOML date-time, or a string: a duration or an ISO-8601 time
+    given = raw if isinstance(raw, datetime) else top.optional_text("deadline")
+    if given is None:
+        return None
+    if delivery != "auto":
+        raise top.fail("deadline", f"only with delivery 'auto', not {delivery!r}")
+    try:
+        return parse_deadline(given).isoformat()
+    except ValueError as exc:
+        raise top.fail("deadline", str(exc).removeprefix("deadline ")) from None
 
 
 class _Table:

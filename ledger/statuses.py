@@ -25,8 +25,27 @@ OPEN_STATUSES = (RequestStatus.QUEUED, RequestStatus.RUNNING, RequestStatus.SUBM
 
 
 class Delivery(StrEnum):
+    """The path a request takes now (the `delivery` column)."""
+
     ONLINE = "online"
     BATCH = "batch"
+
+
+class DeliveryChoice(StrEnum):
+    """What a caller asks for: a path, or `auto` (a provider batch at the discount, finished
+    online what it has not answered by the request's deadline less a margin). An `auto` request
+    is stored on one of the two paths with its `deadline` set: the deadline is what says `auto`."""
+
+    ONLINE = "online"
+    BATCH = "batch"
+    AUTO = "auto"
+
+
+class AnsweredVia(StrEnum):
+    """How a completed request's answer came (`answered_via`): a provider batch or an online call."""
+
+    BATCH = "batch"
+    ONLINE = "online"
 
 
 class AttemptOutcome(StrEnum):

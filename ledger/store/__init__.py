@@ -9,10 +9,13 @@ from ledger.store.batch_results import BatchResultQueries
 from ledger.store.batches import OPEN_BATCHES, BatchQueries
 from ledger.store.browse import BrowseQueries
 from ledger.store.commit import any_row
+from ledger.store.deadlines import DeadlineQueries, DeliveryReadings
 from ledger.store.dialect import Dialect
+from ledger.store.estimates import EstimateQueries
 from ledger.store.intake import IntakeQueries
 from ledger.store.jobs import ACTIVE_JOBS, JobQueries
 from ledger.store.lineage import LineageQueries
+from ledger.store.pool_overrides import PoolOverrideQueries
 from ledger.store.queue import REQUESTS_LEFT, EnqueueResult, QueueQueries
 from ledger.store.schema import DatabaseError, open_engine
 
@@ -24,6 +27,10 @@ class Store(
     IntakeQueries,
     BatchQueries,
     BatchResultQueries,
+    DeadlineQueries,
+    DeliveryReadings,
+    EstimateQueries,
+    PoolOverrideQueries,
     JobQueries,
     AuditQueries,
     LineageQueries,

@@ -30,12 +30,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.statuses import AttemptOutcome, RequestStatus
+from ledger.statuses import AnsweredVia, AttemptOutcome, RequestStatus
 from ledger.store import answers
 from ledger.store.batches import SUBMITTED, BatchLease, _fence, _in_batch, _status, batches
 from ledger.store.cache import ANY_TWIN, ENDED, TWINS_ANSWERED, TWINS_RELEASED
 from ledger.store.claim import QUEUED, attempts, requests
 from ledger.store.commit import transaction
+from ledger.store.deadlines import ANSWERED_LATE, FALLBACK, detach
 from ledger.store.dialect import Dialect, db_now, db_now_plus, storable, unindexed
 from ledger.store.row_sets import bound_rows
 
@@ -67,6 +68,7 @@ class Mapped:
     retried: int = 0  # back to the queue after a retryable failure (counted)
     requeued: int = 0  # back to the queue, not reached by the provider (not counted)
     canceled: int = 0  # unanswered by a batch canceled through the ledger
+    online: int = 0  # `auto`, unanswered by a batch canceled at a deadline: gone online
     kept: int = 0  # already mapped, canceled, or not in this batch: nothing changed
     # Twins these requests' answers answered (request id, cached_from): response cache hits.
     cache_hits: list[tuple[int, int]] = field(default_factory=list)
@@ -138,6 +140,7 @@ _MAP_SUCCEEDED = (
         **answers.answer_values(_v_ok),
         reserved_usd=None,
         last_status_code=200,
+        answered_via=AnsweredVia.BATCH.value,
         error_code=case((_r.status == SUBMITTED, None), else_=_r.error_code),
         error_message=case((_r.status == SUBMITTED, None), else_=_r.error_message),
         completed_at=func.coalesce(_r.completed_at, db_now()),
@@ -176,6 +179,23 @@ _CLOSE_ATTEMPTS = (
         error_message=_v_end.message,
         retry_delay_s=_v_end.delay,
         finished_at=db_now(),
+    )
+)
+# A batch answer to a request that had gone online at its deadline (`deadlines.detach`): its cost
+# kept on the batch attempt, never a second result.
+_LATE_ANSWERS = (
+    update(attempts)
+    .where(
+        _a.request_id == _v_ok.id,
+        unindexed(_a.batch_id) == bindparam("b_batch"),
+        unindexed(_a.error_code) == FALLBACK,
+    )
+    .values(
+        outcome=AttemptOutcome.SUCCEEDED.value,
+        status_code=200,
+        error_code=ANSWERED_LATE,
+        error_message="answered by its batch after it had gone online: paid for, not its result",
+        cost_usd=_v_ok.cost,
     )
 )
 _ATTEMPT_OUTCOME = {
@@ -228,6 +248,8 @@ class BatchResultQueries:
         with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
             row = _fence(conn, lease)
+            if row.fallback_at is not None and row.cancel_requested_at is None:
+                mapped.online = sum(detach(conn, lease.id).values())
             left = list(conn.execute(select(_r.id).where(_r.batch_id == lease.id, _r.status == SUBMITTED)).scalars())
             if row.cancel_requested_at is not None:
                 mapped.canceled = _end_canceled(conn, lease.id, left)
@@ -318,6 +340,8 @@ def _map_in(
     if succeeded:
         params = {**_SUCCEEDED.bind(succeeded), "b_batch": batch_id}
         mapped.completed = dialect.execute_by_rows(conn, _MAP_SUCCEEDED, params).rowcount
+        if mapped.completed < len(succeeded):  # some went online at their deadline, or were written before
+            dialect.execute_by_rows(conn, _LATE_ANSWERS, params)
     parsed = [answers.derived_row(x.request_id, x.derived) for x in lines if x.kind == "succeeded" and x.derived]
     if parsed:
         dialect.execute_by_rows(conn, _MAP_DERIVED, {**_PARSED.bind(parsed), "b_batch": batch_id})

@@ -436,7 +436,8 @@ def _lease_params(lease: BatchLease) -> dict[str, Any]:
 def _fence(conn: Connection, lease: BatchLease, **values: Any) -> Any:
     """Touch the batch under this lease (row-locking it until commit); raise if it is not ours."""
     row = conn.execute(
-        _FENCE.values(updated_at=db_now(), **values).returning(_b.id, _b.cancel_requested_at), _lease_params(lease)
+        _FENCE.values(updated_at=db_now(), **values).returning(_b.id, _b.cancel_requested_at, _b.fallback_at),
+        _lease_params(lease),
     ).first()
     if row is None:
         raise BatchLeaseLost(f"batch {lease.id}: lease {lease.token} is no longer {lease.worker}'s")

@@ -45,6 +45,7 @@ from ledger.store import pools as pool_state
 from ledger.store.cache import sweep_twins
 from ledger.store.commit import transaction
 from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, read_json_column, unindexed
+from ledger.store.pool_overrides import read_overrides
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 
@@ -272,10 +273,12 @@ class ClaimQueries:
         free_total = min(global_limit - total, max_claims, share - state[_MINE])
         if free_total <= 0:
             return Claim([], total, reclaimed)
-        # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py).
-        room = pool_state.PoolRoom.read(
-            conn, state_rows, in_flight, pool_limit, global_limit, self.pool_rules, proven, hold
-        )
+        # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py);
+        # limits changed live (`ledger pools set`) over the settings.
+        rules, changed = self.pool_rules, read_overrides(conn)
+        if changed is not None:
+            pool_limit, rules = changed.applied(pool_limit, rules, global_limit)
+        room = pool_state.PoolRoom.read(conn, state_rows, in_flight, pool_limit, global_limit, rules, proven, hold)
         self.learning, self.windowed = set(room.learned), set(room.allowed)
         picked = None
         if read is not None:  # candidates read before the pools were known: leave out the full ones

@@ -51,6 +51,7 @@ ROW_COLUMNS = (
     "sample",
     "use_cache",
     "dropped_params",
+    "deadline",  # delivery `auto` only (as text: `ledger.deadlines.deadline_text`)
 )
 _KEY_AT, _SOURCES_AT = ROW_COLUMNS.index("idempotency_key"), ROW_COLUMNS.index("sources")
 _KNOWN = select(requests.c.id, requests.c.idempotency_key, requests.c.body_hash).where(

@@ -34,7 +34,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import ColumnClause
 
 from ledger.models import Job
-from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
+from ledger.statuses import AnsweredVia, AttemptOutcome, Delivery, RequestStatus
 from ledger.store import answers, pool_windows
 from ledger.store import pools as pool_state
 from ledger.store.cache import ENDED, TWINS_ANSWERED, TWINS_RELEASED, CachePolicy, Hit, Resolved, resolve
@@ -270,7 +270,12 @@ _OUTPUT: dict[str, Any] = {
 }
 _REQUEST_UPDATES = {
     "completed": _fenced_update().values(
-        status=RequestStatus.COMPLETED.value, error_code=None, error_message=None, **_OUTPUT, **_FINAL
+        status=RequestStatus.COMPLETED.value,
+        error_code=None,
+        error_message=None,
+        answered_via=AnsweredVia.ONLINE.value,
+        **_OUTPUT,
+        **_FINAL,
     ),
     "failed": _fenced_update().values(
         status=RequestStatus.ERROR.value,

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ledger.jobs import job_duration_s, job_spec
+from ledger.savings import job_savings
 from ledger.scores import cell_summary, cell_text, cells_of, disagree
 from ledger.statuses import JobStatus
 from ledger.store.browse import JOB_ROWS
@@ -113,6 +114,10 @@ def job_context(web: Web, job_id: str) -> dict[str, Any] | None:
         "error_lines": (job.get("errors") or [])[:50],
         "error_lines_total": len(job.get("errors") or []),
         "matrix": matrix(web, job),
+        "delivery": {
+            **web.store.job_delivery(job_id),
+            **job_savings(web.store.job_costs(job_id), web.settings.prices),
+        },
     }
 
 

@@ -58,3 +58,13 @@ def test_ledger_gauges_wait_for_a_reading_then_cover_every_known_pool() -> None:
     assert value("ledger_pool_in_flight", {"pool": "http:gpu:8000"}) == 0
     assert value("ledger_pool_limit", {"pool": "http:gpu:8000", "kind": "configured"}) == 3
     assert value("ledger_pool_limit", {"pool": "http:gpu:8000", "kind": "learned"}) is None
+
+
+def test_deadline_fallbacks_are_counted_per_pool() -> None:
+    m = metrics()
+    m.deadline_fallbacks(POOL, 3)
+    m.deadline_fallbacks(POOL, 2)
+    m.deadline_fallbacks("anthropic:claude-haiku-4-5", 1)
+    value = m.registry.get_sample_value
+    assert value("ledger_deadline_fallbacks_total", {"pool": POOL}) == 5
+    assert value("ledger_deadline_fallbacks_total", {"pool": "anthropic:claude-haiku-4-5"}) == 1

@@ -168,7 +168,7 @@ ERRORS: list[tuple[str, str, str]] = [
         toml(agents=(agent(provider='"gemni"'),)),
         f"agents[0].provider: unknown provider 'gemni' (known: {AGENTS_PROVIDERS})",
     ),
-    ("invalid delivery", toml('delivery = "fast"'), "delivery: must be 'online' or 'batch', got 'fast'"),
+    ("invalid delivery", toml('delivery = "fast"'), "delivery: must be 'online', 'batch' or 'auto', got 'fast'"),
     ("negative budget", toml("budget_usd = -1"), "budget_usd: must be a number >= 0, got -1"),
     ("infinite budget", toml("budget_usd = inf"), "budget_usd: must be a number >= 0, got inf"),
     ("budget as string", toml('budget_usd = "5"'), "budget_usd: must be a number >= 0, got '5'"),
