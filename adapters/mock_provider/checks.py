@@ -1,0 +1,58 @@
+"""Every request the mock provider is sent, checked against its provider's own definition before
+it is answered (OpenAI: `openai_checks`; Anthropic: `anthropic_checks`; Gemini: `gemini_checks`),
+and a refusal written as that provider writes it: online, a 400 with its error body; in a batch,
+the per-line error its results carry (`batches.py`).
+
+The checks are compiled once per process (`warm`): a few to some tens of microseconds a request
+(`bench.mock_overhead` times them), so neither the online benchmarks nor a 100,000-line batch
+notice them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.mock_provider import anthropic_checks, gemini_checks, openai_checks
+from adapters.mock_provider.openai_checks import Refusal
+
+_SCHEMAS = {"openai": openai_checks.CHAT, "azure": openai_checks.CHAT, "chat": openai_checks.CHAT}
+
+
+def warm() -> None:
+    openai_checks.warm()
+    anthropic_checks.warm()
+    gemini_checks.warm()
+
+
+def check(wire: str, body: Any) -> Refusal | None:
+    """None when the provider of `wire` (openai | azure | chat | responses | anthropic | gemini)
+    takes `body` as a model call; else its refusal."""
+    if wire == "anthropic":
+        return anthropic_checks.check_message(body)
+    if wire == "gemini":
+        return gemini_checks.check_generate(body)
+    if wire == "responses":
+        return openai_checks.check_request(openai_checks.RESPONSES, body)
+    return openai_checks.check_request(_SCHEMAS[wire], body)
+
+
+def unparsable(wire: str) -> Refusal:
+    """The refusal of a body that is not JSON, in the provider's words."""
+    if wire == "gemini":
+        return Refusal("Invalid JSON payload received. Unexpected token.")
+    if wire == "anthropic":
+        return Refusal("There was an error parsing the body")
+    return Refusal(
+        "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP"
+        " library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)"
+    )
+
+
+def error_body(wire: str, refusal: Refusal, status: int = 400) -> dict[str, Any]:
+    """The provider's error body for a refused request."""
+    if wire == "anthropic":
+        return {"type": "error", "error": {"type": "invalid_request_error", "message": refusal.message}}
+    if wire == "gemini":
+        return {"error": {"code": status, "message": refusal.message, "status": "INVALID_ARGUMENT"}}
+    error = {"message": refusal.message, "type": "invalid_request_error", "param": refusal.param, "code": refusal.code}
+    return {"error": error}
