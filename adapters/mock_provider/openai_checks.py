@@ -111,9 +111,10 @@ def _refusal(error: ValidationError, body: dict[str, Any]) -> Refusal:
             return Refusal(message, _where([*path, missing])[1], None)
         full, full_param = _where([*path, missing])
         return Refusal(f"Missing required parameter: '{full}'.", full_param, "missing_required_parameter")
-    if error.validator == "type":
-        wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
-        expected = " or ".join(_JSON_TYPES.get(str(w), str(w)) for w in wanted)
+    kinds = _expected_kinds(error)
+    if kinds:
+        expected = " or ".join(_JSON_TYPES.get(k, k) for k in kinds)
+        expected = f"one of {expected}" if len(kinds) > 1 else expected
         message = f"Invalid type for '{said}': expected {expected}, but got {_kind(error.instance)} instead."
         return Refusal(message, param, "invalid_type")
     if error.validator in ("enum", "const"):
@@ -134,6 +135,23 @@ def _refusal(error: ValidationError, body: dict[str, Any]) -> Refusal:
         message = f"Invalid '{said}': empty array. Expected an array with minimum length {error.validator_value}."
         return Refusal(message, param, "empty_array")
     return Refusal(f"Invalid '{said}': {error.message}.", param, "invalid_value")
+
+
+def _expected_kinds(error: ValidationError) -> list[str]:
+    """The JSON types a value should have been, when the error is only that: a `type` error, or
+    a union each of whose branches wanted another type."""
+    if error.validator == "type":
+        named: Any = error.validator_value
+        return [str(k) for k in (named if isinstance(named, list) else [named])]
+    if error.validator not in ("anyOf", "oneOf") or not error.context:
+        return []
+    kinds: list[str] = []
+    for branch in error.context:
+        if branch.validator != "type" or branch.relative_path:
+            return []
+        named = branch.validator_value
+        kinds.extend(str(k) for k in (named if isinstance(named, list) else [named]) if str(k) not in kinds)
+    return kinds
 
 
 def _tool_links(messages: list[dict[str, Any]]) -> Refusal | None:
