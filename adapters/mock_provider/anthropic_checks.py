@@ -10,14 +10,14 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from anthropic.types import MessageCreateParams
-
 from adapters.mock_provider.openai_checks import Refusal
 from adapters.mock_provider.typed_checks import Check, Invalid, TypedChecks
 
 
 @cache
 def _params_check() -> Check:
+    from anthropic.types import MessageCreateParams  # seconds to import: only once it is needed
+
     return TypedChecks().check(MessageCreateParams)
 
 

@@ -3,25 +3,36 @@ it is answered (OpenAI: `openai_checks`; Anthropic: `anthropic_checks`; Gemini: 
 and a refusal written as that provider writes it: online, a 400 with its error body; in a batch,
 the per-line error its results carry (`batches.py`).
 
-The checks are compiled once per process (`warm`): a few to some tens of microseconds a request
-(`bench.mock_overhead` times them), so neither the online benchmarks nor a 100,000-line batch
-notice them.
+The checks are compiled once per process: a few to some tens of microseconds a request
+(`bench.mock_checks` times them), so neither the online benchmarks nor a 100,000-line batch
+notice them. The SDKs whose types they read take seconds to import: a server compiles its checks
+in a thread once it listens (`warm_soon`); a request that comes first waits for them.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-from adapters.mock_provider import anthropic_checks, gemini_checks, openai_checks
+from adapters.mock_provider import anthropic_checks, openai_checks
 from adapters.mock_provider.openai_checks import Refusal
 
 _SCHEMAS = {"openai": openai_checks.CHAT, "azure": openai_checks.CHAT, "chat": openai_checks.CHAT}
 
 
 def warm() -> None:
+    """Import and compile every check now."""
+    from adapters.mock_provider import gemini_checks  # imports google-genai's types
+
     openai_checks.warm()
     anthropic_checks.warm()
     gemini_checks.warm()
+
+
+def warm_soon() -> None:
+    """`warm` in a thread of its own (a check asked for meanwhile waits on Python's import lock
+    or compiles its part itself)."""
+    threading.Thread(target=warm, name="mock-checks-warm", daemon=True).start()
 
 
 def check(wire: str, body: Any) -> Refusal | None:
@@ -30,6 +41,8 @@ def check(wire: str, body: Any) -> Refusal | None:
     if wire == "anthropic":
         return anthropic_checks.check_message(body)
     if wire == "gemini":
+        from adapters.mock_provider import gemini_checks
+
         return gemini_checks.check_generate(body)
     if wire == "responses":
         return openai_checks.check_request(openai_checks.RESPONSES, body)

@@ -122,7 +122,7 @@ class MockProviderServer:
         self.answered = Answered()
         self.batches = BatchStore(self.config, self._rng, self.prompt_cache, self.answered)
         self.gemini_batches = GeminiBatchRoutes(self.batches)
-        checks.warm()
+        checks.warm_soon()
         self.reset()
 
     def reset(self) -> None:
