@@ -5,8 +5,8 @@ the per-line error its results carry (`batches.py`).
 
 The checks are compiled once per process: a few to some tens of microseconds a request
 (`bench.mock_checks` times them), so neither the online benchmarks nor a 100,000-line batch
-notice them. The SDKs whose types they read take seconds to import: a server compiles its checks
-in a thread once it listens (`warm_soon`); a request that comes first waits for them.
+notice them. The SDKs whose types they read take seconds to import: a server compiles those in a
+thread as it starts (`warm_soon`); a request that needs them first waits for them.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ def warm() -> None:
 
 
 def warm_soon() -> None:
-    """`warm` in a thread of its own (a check asked for meanwhile waits on Python's import lock
-    or compiles its part itself)."""
+    """OpenAI's checks now (tens of milliseconds), the SDK-typed ones in a thread of their own (a
+    check asked for meanwhile waits on Python's import lock or compiles its part itself)."""
+    openai_checks.warm()
     threading.Thread(target=warm, name="mock-checks-warm", daemon=True).start()
 
 
