@@ -11,6 +11,7 @@ thread as it starts (`warm_soon`); a request that needs them first waits for the
 
 from __future__ import annotations
 
+import gc
 import threading
 from typing import Any
 
@@ -21,12 +22,16 @@ _SCHEMAS = {"openai": openai_checks.CHAT, "azure": openai_checks.CHAT, "chat": o
 
 
 def warm() -> None:
-    """Import and compile every check now."""
+    """Import and compile every check now; then leave what that made out of the garbage
+    collector's full passes (the SDKs' types are hundreds of thousands of objects: walked again
+    at each, they paused the server for tens of milliseconds, enough to reorder calls racing for a
+    rate window)."""
     from adapters.mock_provider import gemini_checks  # imports google-genai's types
 
     openai_checks.warm()
     anthropic_checks.warm()
     gemini_checks.warm()
+    gc.freeze()
 
 
 def warm_soon() -> None:
