@@ -240,7 +240,7 @@ class BatchWorker:
         async with self.leased(lease):
             t0 = time.monotonic()
             ids = sorted(await self.lane.run(self.store.group_request_ids, group, limit))
-            path = self._workdir / f"batch-{lease.id}.input"
+            path = self._workdir / f"batch-{lease.id}.jsonl"
             chosen, size = await self._write_input(adapter, lease.id, key, ids, path, max_bytes)
             attached = await self.lane.run(self.store.attach, lease, chosen, size, self.settings.daily_budget_usd)
             if not attached:
@@ -289,7 +289,7 @@ class BatchWorker:
                 await self.lane.run(self.store.set_input_file, lease, file_id)
             created = await adapter.create(path, file_id, tag)
         except ProviderError as exc:
-            await self._submit_failed(lease, exc)
+            await self._submit_failed(lease, exc, adapter.name)
             return
         finally:
             path.unlink(missing_ok=True)
@@ -307,7 +307,7 @@ class BatchWorker:
             self.step_started,
         )
 
-    async def _submit_failed(self, lease: BatchLease, error: ProviderError) -> None:
+    async def _submit_failed(self, lease: BatchLease, error: ProviderError, provider: str) -> None:
         """A refused create: the entries the provider named fail, the others go back to the queue
         (a refusal naming none is a failed attempt for each, under the retry policy). A transient
         failure leaves the batch `submitting`: the next step looks for it at the provider first."""
@@ -319,6 +319,10 @@ class BatchWorker:
                 extra={"details": {"batch_id": lease.id, "error": error.message, "retry_in_s": round(delay, 1)}},
             )
             return
+        LOG.error(
+            "batch refused by the provider",
+            extra={"details": {"batch_id": lease.id, "provider": provider, "error": error.message}},
+        )
         rejected = await self._rejected_requests(lease, error.rejections)
         await self._finish(
             lease,
@@ -376,7 +380,7 @@ class BatchWorker:
                 )
                 events.batch_adopted(lease.id, adapter.name, found.id, int(row["request_total"]))
                 return
-        path = self._workdir / f"batch-{lease.id}.input"
+        path = self._workdir / f"batch-{lease.id}.jsonl"
         t0 = time.monotonic()
         _, size = await self._write_input(adapter, lease.id, key, ids, path, adapter.max_bytes)
         await self._submit(adapter, lease, key, path, len(ids), size, time.monotonic() - t0)

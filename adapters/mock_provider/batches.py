@@ -36,8 +36,9 @@ from email.policy import default as email_policy
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from adapters.mock_provider import gemini_wire
+from adapters.mock_provider import anthropic_checks, checks, gemini_wire, openai_checks
 from adapters.mock_provider.answers import directives, model_answer, prompt_key, prompt_text, request_prompt
+from adapters.mock_provider.openai_checks import Refusal
 from adapters.mock_provider.wire import Answered, Reply, answer_body, azure_model, error_reply, json_reply
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class LinePlan:
     custom_id: str
     params: dict[str, Any]
     status: int = 200  # 200, or the error status this line answers with
+    refusal: Refusal | None = None  # why the provider refuses this request (status 400)
     unfinished: bool = False  # no result: the batch expires (or is canceled) before reaching it
 
 
@@ -101,6 +103,7 @@ class Batch:
     metadata: dict[str, Any] | None = None
     expires: bool = False
     invalid_lines: list[int] = field(default_factory=list)  # 0-based
+    line_errors: dict[int, dict[str, Any]] = field(default_factory=dict)  # why a line failed validation
     canceled_at: float | None = None
     finished_share: float = 1.0  # of the lines, answered before a cancel came
     results: list[dict[str, Any]] | None = None
@@ -127,6 +130,9 @@ class BatchStore:
         self.creates: Counter[str] = Counter()  # batches accepted, per wire
         self.downloaded: set[str] = set()  # files and results downloaded at least once
         self.deleted: set[str] = set()  # files deleted by their owner
+        self.refused_uploads = 0  # uploads refused as the provider would
+        self.uploaded_names: list[str] = []  # the names uploads were taken under (deleted ones too)
+        self.refused_lines = 0  # batch lines whose request the provider would refuse
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -135,6 +141,9 @@ class BatchStore:
             "batch_lines": sum(self.seen.values()),  # lines answered in batches (retries included)
             "files": sorted(self.files),  # every file still stored (uploads, outputs, error files)
             "deleted_files": sorted(self.deleted),
+            "refused_uploads": self.refused_uploads,
+            "uploaded_names": list(self.uploaded_names),
+            "refused_lines": self.refused_lines,
         }
 
     def reset(self) -> None:
@@ -154,14 +163,14 @@ class BatchStore:
             self.deleted.add(found.id)
             return json_reply(200, {"id": found.id, "object": "file", "deleted": True})
         if method == "POST" and path == "/v1/files":
-            return json_reply(200, self._upload(body, headers.get(b"content-type", b"").decode()).describe())
+            return self._upload(body, headers.get(b"content-type", b"").decode())
         if parts[:2] == ["v1", "files"] and len(parts) >= 3 and parts[2] in self.files:
             stored = self.files[parts[2]]
             if len(parts) == 4 and parts[3] == "content":
                 return self.download(stored.id, stored.content, "application/octet-stream")
             return json_reply(200, stored.describe())
         if method == "POST" and path == "/v1/batches":
-            return self._openai_create(json.loads(body), azure=azure)
+            return self._openai_create(body, azure=azure)
         if method == "GET" and path == "/v1/batches":
             return json_reply(200, self._list("openai", args.get("after"), int(args.get("limit", 20)), host))
         if parts[:2] == ["v1", "batches"] and len(parts) >= 3 and parts[2] in self.batches:
@@ -170,7 +179,7 @@ class BatchStore:
                 return error_reply("openai", 400, "invalid_request_error", "the batch has ended: no cancel")
             return json_reply(200, self._openai_view(batch))
         if method == "POST" and path == "/v1/messages/batches":
-            return self._anthropic_create(json.loads(body)["requests"], host)
+            return self._anthropic_create(body, host)
         if method == "GET" and path == "/v1/messages/batches":
             return json_reply(200, self._list("anthropic", args.get("after_id"), int(args.get("limit", 20)), host))
         if parts[:3] == ["v1", "messages", "batches"] and len(parts) >= 4 and parts[3] in self.batches:
@@ -196,7 +205,8 @@ class BatchStore:
         half = content.rfind(b"\n", 0, len(content) // 2) + 1  # a line boundary near the middle
         return Reply(200, content, content_type=content_type, stall=(half, stall))
 
-    def _upload(self, body: bytes, content_type: str) -> StoredFile:
+    def _upload(self, body: bytes, content_type: str) -> Reply:
+        """A file stored, or refused as OpenAI refuses it: a batch input must be a `.jsonl` file."""
         message = BytesParser(policy=email_policy).parsebytes(
             b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body
         )
@@ -208,19 +218,27 @@ class BatchStore:
             if given:
                 filename = given
             fields[str(name)] = part.get_payload(decode=True)
-        stored = StoredFile(
-            f"file-{uuid.uuid4().hex[:24]}",
-            filename,
-            (fields.get("purpose") or b"batch").decode(),
-            fields.get("file") or b"",
-        )
+        purpose = (fields.get("purpose") or b"").decode()
+        refusal = openai_checks.check_request("CreateFileRequest", {"file": "", "purpose": purpose})
+        if refusal is None and purpose == "batch" and not filename.endswith(".jsonl"):
+            refusal = Refusal(
+                f"Invalid file format for Batch API: '{filename}'. Batch input files must be .jsonl files.", "file"
+            )
+        if refusal is not None:
+            self.refused_uploads += 1
+            return json_reply(400, checks.error_body("openai", refusal))
+        stored = StoredFile(f"file-{uuid.uuid4().hex[:24]}", filename, purpose, fields.get("file") or b"")
         self.files[stored.id] = stored
-        return stored
+        self.uploaded_names.append(filename)
+        return json_reply(200, stored.describe())
 
     # -- creating --------------------------------------------------------------
 
-    def plan(self, kind: str, requests: list[dict[str, Any]], **extra: Any) -> tuple[Batch, float]:
-        """A new batch with every line's fate decided now; and how long its create call stalls."""
+    def plan(
+        self, kind: str, requests: list[dict[str, Any]], refusals: list[Refusal | None] | None = None, **extra: Any
+    ) -> tuple[Batch, float]:
+        """A new batch with every line's fate decided now; and how long its create call stalls.
+        `refusals`: per request, why its provider refuses it (that line answers its error)."""
         prefix = {"openai": "batch_", "anthropic": "msgbatch_", "gemini": "batches/"}[kind]
         batch = Batch(f"{prefix}{uuid.uuid4().hex[:24]}", kind, [], **extra)
         stall = self.config.batch_create_stall
@@ -234,7 +252,10 @@ class BatchStore:
             self.seen[key] += 1
             found = directives(prompt_text(system, messages))
             line = LinePlan(str(request.get("custom_id")), params)
-            if "fail" in found:
+            if refusals is not None and refusals[i] is not None:
+                line.status, line.refusal = 400, refusals[i]
+                self.refused_lines += 1
+            elif "fail" in found:
                 status, _, times = found["fail"].partition("x")
                 if times == "*" or self.seen[key] <= int(times or 1):
                     line.status = int(status)
@@ -256,24 +277,54 @@ class BatchStore:
         self.batches[batch.id] = batch
         self.creates[batch.kind] += 1
 
-    def _openai_create(self, payload: dict[str, Any], azure: bool = False) -> Reply:
+    def _openai_create(self, body: bytes, azure: bool = False) -> Reply:
+        """A batch created from an uploaded file. The create refuses a body OpenAI refuses; a file
+        whose lines are not batch requests makes a `failed` batch (its errors name the lines); a
+        line whose request the endpoint refuses answers that error in the batch's error file."""
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return json_reply(400, checks.error_body("openai", checks.unparsable("openai")))
+        asked = dict(payload) if isinstance(payload, dict) else payload
+        if azure and isinstance(asked, dict) and isinstance(asked.get("endpoint"), str):
+            asked["endpoint"] = "/v1" + asked["endpoint"]  # Azure's paths have no /v1
+        refusal = openai_checks.check_request("CreateBatchRequest", asked)
+        if refusal is None and payload["input_file_id"] not in self.files:
+            refusal = Refusal(f"No such File object: {payload['input_file_id']}", "input_file_id")
+        if refusal is not None:
+            return json_reply(400, checks.error_body("openai", refusal))
         source = self.files[payload["input_file_id"]]
-        requests = [json.loads(line) for line in source.content.decode().splitlines() if line.strip()]
+        endpoint = str(payload["endpoint"])
+        requests, refusals, line_errors = openai_lines(source.content, endpoint, azure)
         batch, stall = self.plan(
             "openai",
             requests,
-            endpoint=payload.get("endpoint", "/v1/chat/completions"),
+            refusals,
+            endpoint=endpoint,
             input_file_id=source.id,
             metadata=payload.get("metadata"),
             azure=azure,
         )
+        if line_errors:
+            batch.invalid_lines.extend(line_errors)
+            batch.line_errors = line_errors
         self.accept(batch)
         reply = json_reply(200, self._openai_view(batch))
         reply.delay = stall
         return reply
 
-    def _anthropic_create(self, requests: list[dict[str, Any]], host: str) -> Reply:
-        batch, stall = self.plan("anthropic", requests)
+    def _anthropic_create(self, body: bytes, host: str) -> Reply:
+        """A Message Batch: its entries are checked at once (a bad entry refuses the create), each
+        entry's `params` as the batch runs (a refused one ends `errored`)."""
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return json_reply(400, checks.error_body("anthropic", checks.unparsable("anthropic")))
+        refusal = anthropic_checks.check_batch_create(payload)
+        if refusal is not None:
+            return json_reply(400, checks.error_body("anthropic", refusal))
+        requests = payload["requests"]
+        batch, stall = self.plan("anthropic", requests, [checks.check("anthropic", r["params"]) for r in requests])
         if batch.invalid_lines:  # Anthropic validates the whole request body up front
             first = sorted(batch.invalid_lines)[0]
             return error_reply(
@@ -347,6 +398,8 @@ class BatchStore:
         if batch.kind == "gemini":  # `{}`: left out of the responses file (not reached)
             if canceled or line.unfinished:
                 return {}
+            if line.refusal is not None:
+                return {"key": line.custom_id, "error": checks.error_body("gemini", line.refusal)["error"]}
             if line.status != 200:
                 failure = gemini_wire.error(line.status, f"injected {line.status}")
                 return {"key": line.custom_id, "error": failure["error"]}
@@ -358,6 +411,8 @@ class BatchStore:
                 result = {"type": "canceled"}
             elif line.unfinished:
                 result = {"type": "expired"}
+            elif line.refusal is not None:
+                result = {"type": "errored", "error": checks.error_body("anthropic", line.refusal)}
             elif line.status != 200:
                 error = {"type": "api_error" if line.status >= 500 else "invalid_request_error"}
                 result = {"type": "errored", "error": {"type": "error", "error": error | {"message": "injected"}}}
@@ -368,16 +423,20 @@ class BatchStore:
             return {"custom_id": line.custom_id, "result": result}
         if canceled:
             return {}  # OpenAI: a canceled batch's unfinished requests appear in neither file
-        row: dict[str, Any] = {"id": f"batch_req_{uuid.uuid4().hex[:20]}", "custom_id": line.custom_id}
+        row: dict[str, Any] = {"id": f"batch_req_{uuid.uuid4().hex[:20]}", "custom_id": line.custom_id, "error": None}
         if line.unfinished:
             error = {"code": "batch_expired", "message": "This request could not be executed before the batch expired."}
             return row | {"response": None, "error": error}
-        if line.status != 200:
-            body: dict[str, Any] = {"error": {"message": f"injected {line.status}", "type": "server_error"}}
+        if line.refusal is not None:
+            body: dict[str, Any] = checks.error_body("openai", line.refusal)
+        elif line.status != 200:
+            injected: dict[str, Any] = {"message": f"injected {line.status}", "type": "server_error"}
+            body = {"error": injected | {"param": None, "code": "server_error"}}
         else:
             wire = _wire(batch)
             named = azure_model(model) if batch.azure and wire == "chat" else model
-            body = self.answered.note(answer_body(wire, named, model_answer(wire, line.params, self.prompt_cache)))
+            answer = model_answer(wire, line.params, self.prompt_cache)
+            body = self.answered.note(answer_body(wire, named, answer, line.params))
         return row | {"response": {"status_code": line.status, "request_id": uuid.uuid4().hex, "body": body}}
 
     # -- views -----------------------------------------------------------------
@@ -416,12 +475,10 @@ class BatchStore:
         now = int(time.time())
         errors = None
         if batch.invalid_lines:
-            data = [
-                {"code": "invalid_request", "message": "invalid request (injected)", "param": "body", "line": i + 1}
-                for i in batch.invalid_lines
-            ]
+            injected = {"code": "invalid_request", "message": "invalid request (injected)", "param": "body"}
+            data = [batch.line_errors.get(i, injected) | {"line": i + 1} for i in batch.invalid_lines]
             errors = {"object": "list", "data": data}
-        return {
+        view = {
             "id": batch.id,
             "object": "batch",
             "endpoint": batch.endpoint,
@@ -447,6 +504,8 @@ class BatchStore:
             },
             "metadata": batch.metadata,
         }
+        # The spec's Batch has no nulls: a time not reached yet (no errors, no file) is left out.
+        return {key: value for key, value in view.items() if value is not None}
 
     def _anthropic_view(self, batch: Batch, host: str) -> dict[str, Any]:
         ended = self.ended(batch)
@@ -470,3 +529,50 @@ class BatchStore:
             "cancel_initiated_at": _rfc3339(batch.canceled_at),
             "results_url": f"http://{host}/v1/messages/batches/{batch.id}/results" if ended else None,
         }
+
+
+def openai_lines(
+    content: bytes, endpoint: str, azure: bool = False
+) -> tuple[list[dict[str, Any]], list[Refusal | None], dict[int, dict[str, Any]]]:
+    """An OpenAI batch file read as OpenAI reads it: the requests, per request the refusal of its
+    `body` by the endpoint's schema, and the lines that are not batch requests at all (0-based:
+    a JSON object with `custom_id`, `method` POST and the batch's `url`), which fail the batch.
+    `azure`: the lines' urls have no `/v1` (Azure's paths)."""
+    wire = "responses" if endpoint.rstrip("/").endswith("/responses") else "chat"
+    url = endpoint.removeprefix("/v1") if azure else endpoint
+    requests: list[dict[str, Any]] = []
+    refusals: list[Refusal | None] = []
+    errors: dict[int, dict[str, Any]] = {}
+    seen: set[str] = set()
+    for i, text in enumerate(t for t in content.decode().splitlines() if t.strip()):
+        try:
+            line = json.loads(text)
+        except ValueError:
+            line = None
+        problem = _line_problem(line, url, seen)
+        if problem is not None:
+            errors[i] = problem
+            line = {"custom_id": None, "body": {}}
+        requests.append(line)
+        refusals.append(None if problem is not None else checks.check(wire, line["body"]))
+    return requests, refusals, errors
+
+
+def _line_problem(line: Any, url: str, seen: set[str]) -> dict[str, Any] | None:
+    """Why a batch file's line is not a batch request (OpenAI's code, message, param), or None."""
+    if not isinstance(line, dict):
+        return {"code": "invalid_json_line", "message": "This line is not parseable as valid JSON.", "param": None}
+    refusal = openai_checks.check_request("BatchRequestInput", {k: v for k, v in line.items() if k != "body"})
+    for name in ("custom_id", "method", "url", "body"):
+        if refusal is None and name not in line:
+            refusal = Refusal(f"Missing required parameter: '{name}'.", name, "missing_required_parameter")
+    if refusal is None and line["url"] != url:
+        said = f"The url '{line['url']}' does not match the batch's endpoint '{url}'."
+        refusal = Refusal(said, "url", "invalid_url")
+    if refusal is None and line["custom_id"] in seen:
+        said = f"The custom_id '{line['custom_id']}' is used by another line."
+        refusal = Refusal(said, "custom_id", "duplicate_custom_id")
+    if refusal is not None:
+        return {"code": refusal.code or "invalid_request", "message": refusal.message, "param": refusal.param}
+    seen.add(line["custom_id"])
+    return None

@@ -16,7 +16,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from adapters.mock_provider import gemini_wire
+from adapters.mock_provider import checks, gemini_wire
+from adapters.mock_provider.openai_checks import Refusal
 from adapters.mock_provider.wire import Reply, error_reply, json_reply
 
 if TYPE_CHECKING:
@@ -93,18 +94,43 @@ class GeminiBatchRoutes:
 
     # -- batches -------------------------------------------------------------------
 
+    def _output(self, batch: Batch) -> dict[str, Any]:
+        """Where an ended batch's answers are: its responses file, or inline for inline requests."""
+        if not (batch.metadata or {}).get("inline"):
+            return {"responsesFile": f"files/{batch.output_file_id}"}
+        inlined = []
+        for line in batch.results or []:
+            if line:
+                answered = {k: v for k, v in line.items() if k != "key"}
+                inlined.append(answered | {"metadata": {"key": line["key"]}})
+        return {"inlinedResponses": {"inlinedResponses": inlined}}
+
     def _create(self, model: str, asked: dict[str, Any]) -> Reply:
-        name = str((asked.get("inputConfig") or {}).get("fileName") or "")
-        source = self.store.files.get(name.removeprefix("files/"))
-        if source is None:
-            return error_reply("gemini", 400, "invalid_request", f"inputConfig.fileName {name!r}: no such file")
-        requests = []
-        for line in source.content.decode().splitlines():
-            if line.strip():
-                entry = json.loads(line)
-                requests.append({"custom_id": entry.get("key"), "params": gemini_wire.as_chat(entry["request"], model)})
+        """A batch of a file's lines (`{"key", "request"}`) or of inline requests (`{"request",
+        "metadata"}`); a request Gemini refuses answers its error in its result line."""
+        config = asked.get("inputConfig") or {}
+        inline = (config.get("requests") or {}).get("requests")
+        name = str(config.get("fileName") or "")
+        if isinstance(inline, list):
+            entries = [{"key": str((e.get("metadata") or {}).get("key") or i), **e} for i, e in enumerate(inline)]
+        else:
+            source = self.store.files.get(name.removeprefix("files/"))
+            if source is None:
+                return error_reply("gemini", 400, "invalid_request", f"inputConfig.fileName {name!r}: no such file")
+            entries = [json.loads(line) for line in source.content.decode().splitlines() if line.strip()]
+        requests: list[dict[str, Any]] = []
+        refusals: list[Refusal | None] = []
+        for entry in entries:
+            refusal = _entry_refusal(entry)
+            request: dict[str, Any] = entry["request"] if refusal is None else {"contents": []}
+            requests.append({"custom_id": entry.get("key"), "params": gemini_wire.as_chat(request, model)})
+            refusals.append(refusal)
         batch, stall = self.store.plan(
-            "gemini", requests, input_file_id=name, metadata={"displayName": asked.get("displayName"), "model": model}
+            "gemini",
+            requests,
+            refusals,
+            input_file_id=name or None,
+            metadata={"displayName": asked.get("displayName"), "model": model, "inline": isinstance(inline, list)},
         )
         self.store.accept(batch)
         reply = json_reply(200, self.view(batch))
@@ -141,7 +167,7 @@ class GeminiBatchRoutes:
             "name": batch.id,
             "model": f"models/{meta.get('model')}",
             "displayName": meta.get("displayName"),
-            "inputConfig": {"fileName": batch.input_file_id},
+            "inputConfig": {"fileName": batch.input_file_id} if batch.input_file_id else {},
             "createTime": _rfc3339(batch.created),
             "updateTime": _rfc3339(time.time()),
             "state": state,
@@ -150,7 +176,7 @@ class GeminiBatchRoutes:
         if ended:
             if state != "BATCH_STATE_FAILED":
                 self.store.finish(batch)
-                metadata["output"] = {"responsesFile": f"files/{batch.output_file_id}"}
+                metadata["output"] = self._output(batch)
             answered = [r for r in batch.results or [] if r]
             failed = sum(1 for r in answered if "error" in r)
             metadata["endTime"] = _rfc3339(time.time())
@@ -163,6 +189,17 @@ class GeminiBatchRoutes:
         else:
             metadata["batchStats"] = {"requestCount": str(total), "pendingRequestCount": str(total)}
         return {"name": batch.id, "metadata": metadata, "done": ended}
+
+
+def _entry_refusal(entry: Any) -> Refusal | None:
+    """Why Gemini refuses a batch entry: not `{"key", "request"}` (inline: `metadata` too), or its
+    request refused as a `generateContent` body is."""
+    if not isinstance(entry, dict) or "request" not in entry:
+        return Refusal('Invalid JSON payload received. Each request needs a "request".')
+    for name in entry:
+        if name not in ("key", "request", "metadata"):
+            return Refusal(f'Invalid JSON payload received. Unknown name "{name}": Cannot find field.')
+    return checks.check("gemini", entry["request"])
 
 
 def describe(stored: StoredFile, host: str) -> dict[str, Any]:

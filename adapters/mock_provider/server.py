@@ -55,7 +55,7 @@ import anyio
 import h11
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 
-from adapters.mock_provider import gemini_wire
+from adapters.mock_provider import checks, gemini_wire
 from adapters.mock_provider.answers import (
     chat_answer,
     directives,
@@ -127,10 +127,12 @@ class MockProviderServer:
         self.answered = Answered()
         self.batches = BatchStore(self.config, self._rng, self.prompt_cache, self.answered)
         self.gemini_batches = GeminiBatchRoutes(self.batches)
+        checks.warm_soon()
         self.reset()
 
     def reset(self) -> None:
         self.calls = 0
+        self.refused = 0  # model calls refused as the provider would (`checks.py`)
         self.status_counts: Counter[str] = Counter()
         self.per_prompt: Counter[str] = Counter()
         self.in_flight = 0
@@ -145,6 +147,7 @@ class MockProviderServer:
     def stats(self) -> dict[str, Any]:
         return {
             "calls": self.calls,
+            "refused": self.refused,
             "status_counts": dict(self.status_counts),
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
@@ -312,7 +315,7 @@ class MockProviderServer:
         reply = self.batches.route(method, target, body, headers, host)
         if reply is not None:
             return reply
-        return json_reply(404, {"error": {"type": "not_found_error", "message": f"no route {method} {path}"}})
+        return error_reply("openai", 404, "invalid_request_error", f"Invalid URL ({method} {path})")
 
     async def _gemini(
         self,
@@ -344,6 +347,13 @@ class MockProviderServer:
         is read as the chat-shaped payload the answers are made from, and answered in Gemini's."""
         try:
             payload = json.loads(body)
+        except ValueError:
+            return self._count(json_reply(400, checks.error_body(wire, checks.unparsable(wire))))
+        refusal = checks.check(wire, payload)
+        if refusal is not None:  # what the provider itself would refuse
+            self.refused += 1
+            return self._count(json_reply(400, checks.error_body(wire, refusal)))
+        try:
             if wire == "gemini":
                 payload = gemini_wire.as_chat(payload, model or "gemini")
             system, messages = request_prompt(wire, payload)
@@ -482,7 +492,7 @@ class MockProviderServer:
         named = str(payload.get("model", "mock"))
         if wire == "azure":  # Azure names the model behind the deployment in its answer
             named = azure_model(named)
-        return json_reply(200, self.answered.note(answer_body(wire, named, answer)))
+        return json_reply(200, self.answered.note(answer_body(wire, named, answer, payload)))
 
     def _fault(self, found: dict[str, str], nth: int) -> str | None:
         """Which fault this call gets: directives first (deterministic), then the dice."""
@@ -514,9 +524,10 @@ def quota_spent(wire: str) -> Reply:
         )
         return error_reply(wire, 400, "invalid_request_error", message)
     error = {
-        "type": "insufficient_quota",
-        "code": "insufficient_quota",
         "message": "You exceeded your current quota, please check your plan and billing details.",
+        "type": "insufficient_quota",
+        "param": None,
+        "code": "insufficient_quota",
     }
     return json_reply(429, {"error": error})
 

@@ -53,7 +53,7 @@ def error_reply(wire: str, status: int, kind: str, message: str, headers: list[t
         return json_reply(status, gemini_wire.error(status, message), headers)
     if wire == "anthropic":
         return json_reply(status, {"type": "error", "error": {"type": kind, "message": message}}, headers)
-    return json_reply(status, {"error": {"type": kind, "code": kind, "message": message}}, headers)
+    return json_reply(status, {"error": {"message": message, "type": kind, "param": None, "code": kind}}, headers)
 
 
 def rate_limited(wire: str, retry_after: float, message: str) -> Reply:
@@ -125,14 +125,15 @@ def azure_model(deployment: str) -> str:
     return deployment if deployment.startswith(("gpt-", "o1", "o3", "o4")) else AZURE_DEFAULT_MODEL
 
 
-def answer_body(wire: str, model: str, answer: MockAnswer) -> dict[str, Any]:
-    """The whole answer in a wire format: `chat`, `responses`, `anthropic` or `gemini`."""
+def answer_body(wire: str, model: str, answer: MockAnswer, request: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole answer in a wire format: `chat`, `responses`, `anthropic` or `gemini` (`request`:
+    the body asked, which a Responses object repeats)."""
     if wire == "gemini":
         return gemini_wire.answer(model, answer)
     if wire == "anthropic":
         return anthropic_answer(model, answer)
     if wire == "responses":
-        return responses_answer(model, answer)
+        return responses_answer(model, answer, request or {})
     return chat_answer_body(model, answer)
 
 
@@ -155,7 +156,27 @@ def chat_answer_body(model: str, answer: MockAnswer) -> dict[str, Any]:
     return body
 
 
-def responses_answer(model: str, answer: MockAnswer) -> dict[str, Any]:
+def _as_asked(request: dict[str, Any]) -> dict[str, Any]:
+    """What a Responses object repeats of its request (each field the API always returns, with
+    the API's default when the request left it out)."""
+    return {
+        "instructions": request.get("instructions"),
+        "metadata": request.get("metadata") or {},
+        "parallel_tool_calls": request.get("parallel_tool_calls", True),
+        "temperature": request.get("temperature", 1.0),
+        "top_p": request.get("top_p", 1.0),
+        "tool_choice": request.get("tool_choice", "auto"),
+        "tools": request.get("tools", []),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "previous_response_id": request.get("previous_response_id"),
+        "reasoning": request.get("reasoning") or {"effort": None, "summary": None},
+        "text": request.get("text") or {"format": {"type": "text"}},
+        "truncation": request.get("truncation") or "disabled",
+        "service_tier": "default",
+    } | ({"user": request["user"]} if "user" in request else {})
+
+
+def responses_answer(model: str, answer: MockAnswer, request: dict[str, Any] | None = None) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if answer.thinking is not None:
         summary = [{"type": "summary_text", "text": answer.thinking}]
@@ -163,7 +184,8 @@ def responses_answer(model: str, answer: MockAnswer) -> dict[str, Any]:
     if answer.refusal is not None:
         content: list[dict[str, Any]] = [{"type": "refusal", "refusal": answer.refusal}]
     else:
-        content = [{"type": "output_text", "text": answer.text, "annotations": []}] if answer.text else []
+        text = {"type": "output_text", "text": answer.text, "annotations": [], "logprobs": []}
+        content = [text] if answer.text else []
     if content:
         output.append(
             {
@@ -195,9 +217,10 @@ def responses_answer(model: str, answer: MockAnswer) -> dict[str, Any]:
         "error": None,
         "model": model,
         "output": output,
+        **_as_asked(request or {}),
         "usage": {
             "input_tokens": answer.input_tokens,
-            "input_tokens_details": {"cached_tokens": answer.cached_tokens},
+            "input_tokens_details": {"cached_tokens": answer.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": answer.output_tokens,
             "output_tokens_details": {"reasoning_tokens": answer.reasoning_tokens},
             "total_tokens": answer.input_tokens + answer.output_tokens,
