@@ -108,9 +108,19 @@ def check(request: CallRequest, provider: str = "openai") -> list[str]:
             raise Untranslatable(
                 where, provider, "takes tool calls and results as function_call items in api 'responses'"
             )
+    limit = output_limit(request.params)
+    if isinstance(limit, int) and limit < MIN_OUTPUT_TOKENS:
+        name = next(n for n in OUTPUT_LIMIT_NAMES if request.params.get(n) == limit)
+        raise Untranslatable(
+            f"params.{name}", provider, f"api 'responses' takes at least {MIN_OUTPUT_TOKENS} output tokens, got {limit}"
+        )
     dropped: list[str] = []
     responses_body(request, provider, dropped)
     return dropped
+
+
+# The Responses API refuses a smaller `max_output_tokens` (OpenAI's spec: `minimum: 16`).
+MIN_OUTPUT_TOKENS: Final = 16
 
 
 # Body keys of a Responses line that are not parameters (`stream` and `background` stay: enqueue

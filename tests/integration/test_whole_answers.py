@@ -123,7 +123,7 @@ def every_kind(api: Api, delivery: str, tag: str) -> list[dict[str, Any]]:
             "messages": [{"role": "user", "content": f"{tag}: weather in Paris?"}],
             "params": {"tools": api.tools()},
         },
-        "cut_off": {"messages": user, "params": {api.max_tokens_param: 5}, "system": "Be thorough."},
+        "cut_off": {"messages": user, "params": {api.max_tokens_param: 16}, "system": "Be thorough."},
         "refusal": {"messages": [{"role": "user", "content": f"{tag}: [[mock:refuse]] do something bad"}]},
         "cached_first": {"messages": cacheable, "system": system, "params": {"temperature": 0}},
         "cached_second": {"messages": cacheable, "system": system, "params": {"temperature": 0.1}},

@@ -401,3 +401,13 @@ def test_a_chat_tool_result_is_refused_for_the_responses_api() -> None:
     assert str(raised.value) == (
         "messages[1].role: openai takes tool calls and results as function_call items in api 'responses'"
     )
+
+
+@pytest.mark.parametrize("name", ["max_output_tokens", "max_tokens"])
+def test_an_output_limit_the_responses_api_refuses_is_refused_at_enqueue(name: str) -> None:
+    spec = build_spec(model="m", messages=[{"role": "user", "content": "Q"}], api="responses", params={name: 5})
+    with pytest.raises(EnqueueError) as raised:
+        checked_row(spec)
+    assert str(raised.value) == f"params.{name}: openai api 'responses' takes at least 16 output tokens, got 5"
+    spec.params = {name: 16}
+    assert checked_row(spec)[0]["params"] == {name: 16}
