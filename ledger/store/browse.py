@@ -59,7 +59,7 @@ MOST_POOLS = 200
 RATE_WINDOW_S = 60.0
 
 # The columns a request list shows (never the input, output or body: those are on its own page).
-ROW_COLUMNS = (
+REQUEST_LIST_COLUMNS = (
     "id",
     "idempotency_key",
     "job_id",
@@ -365,7 +365,7 @@ class BrowseQueries:
     def request_page(self, where: RequestFilter, *, before: int | None = None, limit: int = 50) -> RequestPage:
         """A page of requests newest first, from below id `before` (keyset). See the module's
         docstring for how the walk stays bounded."""
-        columns = [requests.c[name] for name in ROW_COLUMNS]
+        columns = [requests.c[name] for name in REQUEST_LIST_COLUMNS]
         checks = where.checks()
         with reading(self.engine) as conn:
             top = before if before is not None else _top_id(conn)
