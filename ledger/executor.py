@@ -141,7 +141,9 @@ def stored_call(
     )
 
 
-@dataclass(frozen=True)
+# The executor's own records, made per request and per attempt on the hot path: plain slotted
+# dataclasses, never changed once made (a frozen one is several times slower to make).
+@dataclass(slots=True)
 class _Drive:
     """One request on its way to an outcome: what each of its attempts shares."""
 
@@ -153,7 +155,7 @@ class _Drive:
     started: float  # time.monotonic() when the executor took the request
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Tried:
     """How one call ended (its answer, or the error it ends as), with what was known as it went out."""
 
@@ -163,7 +165,7 @@ class _Tried:
     ended: CallResult | ProviderError
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Decided:
     """The outcome to record for one attempt, and the error the events tell of once it is written
     (None: no event follows, as for an answer or a spent quota)."""
