@@ -129,7 +129,9 @@ class Dialect:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        # Compiled hot statements (module-level constants, so `id` is a stable key).
+        # Compiled hot statements by `id` (module-level constants, mostly). Each entry holds its
+        # statement: a statement made for one call (a test's `text(...)`) stays alive with it, so
+        # its `id` is never another statement's.
         self._statements: dict[int, _Hot] = {}
         self._sqlite_max_values: int | None = None  # values a statement binds as VALUES (`sqlite_statement`)
 
@@ -321,6 +323,7 @@ class Dialect:
                 tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None,
                 {name: bind.effective_value for name, bind in binds if not bind.required},
                 frozenset(name for name, bind in binds if isinstance(bind.type, RowSetType)),
+                stmt,
             )
         return found
 
@@ -391,6 +394,7 @@ class _Hot:
     names: tuple[str, ...] | None
     defaults: dict[str, Any]
     row_params: frozenset[str]
+    statement: Any  # the statement itself, kept alive so that its `id` (the key) stays its own
 
 
 def is_transient(exc: BaseException) -> bool:
