@@ -30,6 +30,7 @@ from ledger.store.rows import (
     ClaimedRequest,
     Completed,
     Failed,
+    Outcome,
     PoolWindow,
     QuotaPause,
     ReleasedRows,
@@ -140,6 +141,39 @@ def stored_call(
     )
 
 
+# The executor's own records, made per request and per attempt on the hot path: plain slotted
+# dataclasses, never changed once made (a frozen one is several times slower to make).
+@dataclass(slots=True)
+class _Drive:
+    """One request on its way to an outcome: what each of its attempts shares."""
+
+    request: ClaimedRequest
+    adapter: Adapter
+    ctx: CallContext
+    scope: anyio.CancelScope  # its lease's: a lease cut or a deadline cancels it
+    call: CallRequest
+    started: float  # time.monotonic() when the executor took the request
+
+
+@dataclass(slots=True)
+class _Tried:
+    """How one call ended (its answer, or the error it ends as), with what was known as it went out."""
+
+    attempt: int
+    began: float  # time.monotonic() as the call went out
+    calls_out_before: int  # this daemon's calls to the pool out as it went out
+    ended: CallResult | ProviderError
+
+
+@dataclass(slots=True)
+class _Decided:
+    """The outcome to record for one attempt, and the error the events tell of once it is written
+    (None: no event follows, as for an answer or a spent quota)."""
+
+    outcome: Outcome
+    error: ProviderError | None = None
+
+
 async def execute(
     request: ClaimedRequest,
     adapter: Adapter,
@@ -152,101 +186,149 @@ async def execute(
     `may_call` is asked right before every call: False (the lease is not known good)
     means the call is not made; the lease keeper has cut the lease, and the row goes
     back to the queue when it expires (or is already another daemon's).
+    Each pass is one attempt: the call, the outcome decided from how it ended, the outcome
+    recorded; a next pass follows only a back-off with the slot held.
     """
-    attempt, key = request.attempt, (request.id, request.token)
-    started = time.monotonic()
     call = stored_call(request.model, request.input, request.params, request.response_format, request.api)
-    while True:
-        if not may_call():
-            return
-        t0 = time.monotonic()
-        out_before = CALLS_OUT.now(request.endpoint)
-        try:
-            result = await _call_within(adapter, call, request.endpoint, ctx.deadlines, key, scope)
-        except TimeoutError:
-            events.timeout(request, ctx.timeout_s)
-            error = ProviderError(f"no answer within {ctx.timeout_s}s", retryable=True, code="timeout")
-        except ProviderError as exc:
-            error = exc
-        except Exception as exc:  # an adapter bug must not take the daemon down
-            error = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False, code="adapter_error")
-        else:
-            provider, model = result.priced_as or (request.provider, request.model)
-            cost = ctx.prices.answer_cost(provider, model, result)
-            await ctx.recorder.submit(
-                Completed(
-                    request,
-                    attempt,
-                    result.text,
-                    _ms(t0),
-                    result.input_tokens,
-                    result.output_tokens,
-                    result.status_code,
-                    cost,
-                    _window(result.limits, ctx.policy.max_delay),
-                    result if ctx.keep_response else replace(result, response=None, response_text=None),
-                    _derived(request, result),
-                )
+    drive = _Drive(request, adapter, ctx, scope, call, started=time.monotonic())
+    attempt: int | None = request.attempt
+    while attempt is not None and may_call():
+        tried = await _try_once(drive, attempt)
+        attempt = await _record(drive, await _decide(drive, tried))
+
+
+async def _try_once(drive: _Drive, attempt: int) -> _Tried:
+    """One call under its deadline; whatever it raises becomes the error it ends as."""
+    request, ctx = drive.request, drive.ctx
+    began = time.monotonic()
+    out_before = CALLS_OUT.now(request.endpoint)
+    ended: CallResult | ProviderError
+    try:
+        key = (request.id, request.token)
+        ended = await _call_within(drive.adapter, drive.call, request.endpoint, ctx.deadlines, key, drive.scope)
+    except TimeoutError:
+        events.timeout(request, ctx.timeout_s)
+        ended = ProviderError(f"no answer within {ctx.timeout_s}s", retryable=True, code="timeout")
+    except ProviderError as exc:
+        ended = exc
+    except Exception as exc:  # an adapter bug must not take the daemon down
+        ended = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False, code="adapter_error")
+    return _Tried(attempt=attempt, began=began, calls_out_before=out_before, ended=ended)
+
+
+async def _decide(drive: _Drive, tried: _Tried) -> _Decided:
+    """What one attempt comes to: an answer, a quota pause, the end in `error`, or a retry."""
+    request, ctx, error = drive.request, drive.ctx, tried.ended
+    if not isinstance(error, ProviderError):
+        return _Decided(_completed(drive, tried, error))
+    failure = AttemptFailure(
+        status_code=error.status_code, error_code=error.code, message=error.message, latency_ms=_ms(tried.began)
+    )
+    if error.quota is not None:
+        # The account can pay for no more: every request of the pool would be refused alike.
+        # This one goes back to the queue without spending an attempt; the pool pauses.
+        pause = QuotaPause(reason=error.quota, seconds=error.quota_for or ctx.quota_recheck_s)
+        return _Decided(
+            RetryLater(
+                request=request, attempt=tried.attempt, failure=failure, delay_s=0.0, hold_slot=False, pause=pause
             )
-            return
-        failure = AttemptFailure(error.status_code, error.code, error.message, _ms(t0))
-        if error.quota is not None:
-            # The account can pay for no more: every request of the pool would be refused alike.
-            # This one goes back to the queue without spending an attempt; the pool pauses.
-            pause = QuotaPause(error.quota, error.quota_for or ctx.quota_recheck_s)
-            await ctx.recorder.submit(RetryLater(request, attempt, failure, 0.0, False, pause=pause))
-            return
-        rate_limited = error.status_code == 429 and error.retryable
-        waited_out = rate_limited and await _waits_out(ctx, request, attempt)
-        given_up = rate_limited and ctx.rate_limit_give_up_s > 0 and not waited_out
-        if given_up:
-            failure = replace(failure, message=f"{error.message} (429s for {ctx.rate_limit_give_up_s:g} s and more)")
-        # Refusals for a spent quota, and 429s waited out, count for no retry limit.
-        if given_up or (not waited_out and not ctx.policy.should_retry(error, attempt - request.parked)):
-            written = await ctx.recorder.submit(Failed(request, attempt, failure, _ms(started)))
-            if written is not Written.APPLIED:  # ended canceled, or not ours any more: not an error of ours
-                return
-            events.failed(
-                request,
-                error.status_code,
-                error.code,
-                error.message,
-                attempt,
-                time.monotonic() - started,
-            )
-            return
-        window = _window(_refused_limits(error.limits, request) if rate_limited else error.limits, ctx.policy.max_delay)
-        spent_for = window.reset_s if window is not None and window.remaining == 0 else None
-        delay = ctx.policy.delay(attempt, error.retry_after if error.retry_after is not None else spent_for)
-        cooldown = delay if rate_limited and error.retry_after is not None else None
-        # FR-008: a timeout gives its slot back and queues the retry. So does a 429: the pool's
-        # learned limit (set in one step from it) or its cooldown is what holds the endpoint's
-        # traffic back now, and a slot held through the back-off would only idle. Any other
-        # transient failure keeps the slot through the back-off (seed 002).
-        # A cancelled scope (a lease cut, or a deadline that came as the call ended another way)
-        # cannot sleep through a back-off: the slot goes back with the outcome.
-        hold = not (error.code == "timeout" or rate_limited or scope.cancel_called)
-        # What a 429 teaches: this daemon's other calls to the pool out when it was refused. Counted
-        # when it was sent and now, the more of the two: one answered while the refusal was on
-        # its way back was still at the provider when it refused (over-counting costs a 429 more,
-        # under-counting a slot until the next probe).
-        out = max(out_before, CALLS_OUT.now(request.endpoint)) if rate_limited else None
-        written = await ctx.recorder.submit(
-            RetryLater(request, attempt, failure, delay, hold, cooldown, window, calls_out=out, uncounted=waited_out)
         )
-        if written is not Written.APPLIED:  # canceled, or taken over: no retry of ours follows
-            return
-        events.retry(request, attempt, error.status_code, delay)
-        if not hold:  # the slot went back with the outcome; the retry waits in the queue
-            return
-        await anyio.sleep(delay)
-        next_attempt = await ctx.lane.run(ctx.store.begin_attempt, request)
-        if next_attempt.number is None:  # gave the slot back, canceled, or taken over while we waited
-            if next_attempt.freed_slot:
-                events.slots_released(ReleasedRows([request], next_attempt.active_slots, next_attempt.ts_before_commit))
-            ctx.recorder.notify_slot_freed()
-            return
-        attempt = next_attempt.number
+    rate_limited = error.status_code == 429 and error.retryable
+    waited_out = rate_limited and await _waits_out(ctx, request, tried.attempt)
+    given_up = rate_limited and ctx.rate_limit_give_up_s > 0 and not waited_out
+    if given_up:
+        failure = replace(failure, message=f"{error.message} (429s for {ctx.rate_limit_give_up_s:g} s and more)")
+    # Refusals for a spent quota, and 429s waited out, count for no retry limit.
+    if given_up or (not waited_out and not ctx.policy.should_retry(error, tried.attempt - request.parked)):
+        failed = Failed(request=request, attempt=tried.attempt, failure=failure, elapsed_ms=_ms(drive.started))
+        return _Decided(failed, error)
+    return _Decided(_retry_later(drive, tried, error, failure, waited_out=waited_out), error)
+
+
+def _completed(drive: _Drive, tried: _Tried, result: CallResult) -> Completed:
+    """The answer as the recorder writes it: priced, parsed, its body kept as configured."""
+    request, ctx = drive.request, drive.ctx
+    provider, model = result.priced_as or (request.provider, request.model)
+    cost = ctx.prices.answer_cost(provider, model, result)
+    return Completed(
+        request=request,
+        attempt=tried.attempt,
+        raw_output=result.text,
+        latency_ms=_ms(tried.began),
+        input_tokens=result.input_tokens,
+        output_tokens=result.output_tokens,
+        status_code=result.status_code,
+        cost_usd=cost,
+        window=_window(result.limits, ctx.policy.max_delay),
+        answer=result if ctx.keep_response else replace(result, response=None, response_text=None),
+        derived=_derived(request, result),
+    )
+
+
+def _retry_later(
+    drive: _Drive, tried: _Tried, error: ProviderError, failure: AttemptFailure, *, waited_out: bool
+) -> RetryLater:
+    """A retry: when, whether it keeps its slot meanwhile, and what a 429 teaches the pool."""
+    request, ctx = drive.request, drive.ctx
+    rate_limited = error.status_code == 429 and error.retryable
+    window = _window(_refused_limits(error.limits, request) if rate_limited else error.limits, ctx.policy.max_delay)
+    spent_for = window.reset_s if window is not None and window.remaining == 0 else None
+    delay = ctx.policy.delay(tried.attempt, error.retry_after if error.retry_after is not None else spent_for)
+    # A timeout gives its slot back and queues the retry. So does a 429: the pool's learned
+    # limit (set in one step from it) or its cooldown is what holds the endpoint's traffic back
+    # now, and a slot held through the back-off would only idle. Any other transient failure
+    # keeps the slot through the back-off.
+    # A cancelled scope (a lease cut, or a deadline that came as the call ended another way)
+    # cannot sleep through a back-off: the slot goes back with the outcome.
+    hold = not (error.code == "timeout" or rate_limited or drive.scope.cancel_called)
+    # What a 429 teaches: this daemon's other calls to the pool out when it was refused. Counted
+    # when it was sent and now, the more of the two: one answered while the refusal was on
+    # its way back was still at the provider when it refused (over-counting costs a 429 more,
+    # under-counting a slot until the next probe).
+    out = max(tried.calls_out_before, CALLS_OUT.now(request.endpoint)) if rate_limited else None
+    return RetryLater(
+        request=request,
+        attempt=tried.attempt,
+        failure=failure,
+        delay_s=delay,
+        hold_slot=hold,
+        pool_cooldown_s=delay if rate_limited and error.retry_after is not None else None,
+        window=window,
+        calls_out=out,
+        uncounted=waited_out,
+    )
+
+
+async def _record(drive: _Drive, decided: _Decided) -> int | None:
+    """Write the outcome and tell of it; the next attempt's number when one follows a back-off
+    with the slot held, None when this executor is done with the request."""
+    request, outcome, error = drive.request, decided.outcome, decided.error
+    written = await drive.ctx.recorder.submit(outcome)
+    # Not applied: ended canceled, or not ours any more: no error of ours, no retry of ours.
+    if written is not Written.APPLIED or error is None:
+        return None
+    if isinstance(outcome, Failed):
+        elapsed = time.monotonic() - drive.started
+        events.failed(request, error.status_code, error.code, error.message, outcome.attempt, elapsed)
+        return None
+    assert isinstance(outcome, RetryLater)
+    events.retry(request, outcome.attempt, error.status_code, outcome.delay_s)
+    if not outcome.hold_slot:  # the slot went back with the outcome; the retry waits in the queue
+        return None
+    return await _after_back_off(drive, outcome.delay_s)
+
+
+async def _after_back_off(drive: _Drive, delay: float) -> int | None:
+    """Sleep through the back-off with the slot held, then begin the next attempt (None: the
+    slot was given back, the request canceled, or taken over while we waited)."""
+    request, ctx = drive.request, drive.ctx
+    await anyio.sleep(delay)
+    next_attempt = await ctx.lane.run(ctx.store.begin_attempt, request)
+    if next_attempt.number is None:
+        if next_attempt.freed_slot:
+            events.slots_released(ReleasedRows([request], next_attempt.active_slots, next_attempt.ts_before_commit))
+        ctx.recorder.notify_slot_freed()
+    return next_attempt.number
 
 
 async def _waits_out(ctx: CallContext, request: ClaimedRequest, attempt: int) -> bool:

@@ -36,7 +36,7 @@ from ledger.enqueue import STDIN, Defaults, EnqueueError, RequestSpec, as_spec, 
 from ledger.fingerprint import JSON_FIELDS, differing_fields
 from ledger.settings import Settings
 from ledger.store import EnqueueResult, Store
-from ledger.store.intake import KEYS_PER_LOOKUP, ROW_COLUMNS, KeyConflict
+from ledger.store.intake import CHUNK_ROW_COLUMNS, KEYS_PER_LOOKUP, KeyConflict
 from ledger.store.queue import KEEP_INSERTED_MAX
 from ledger.store.staging import Entry, Staging
 
@@ -92,7 +92,7 @@ class Intake:
         self.prices = settings.prices
         self.rows_per_chunk, self.duty = store.dialect.enqueue_pacing()
         self.pause = pause
-        self.columns = ROW_COLUMNS[1:]  # fair_seq is numbered when written
+        self.columns = CHUNK_ROW_COLUMNS[1:]  # fair_seq is numbered when written
         self.dropped: Counter[tuple[str, str]] = Counter()  # (provider, parameter) left out -> requests
 
     def run(self, specs: Iterable[tuple[int, RequestSpec | Mapping[str, Any]]]) -> EnqueueResult:

@@ -37,6 +37,7 @@ from ledger.store.schema import one_line
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from prometheus_client import CollectorRegistry, Counter, Histogram
     from prometheus_client.metrics_core import Metric
 
 LOG = logging.getLogger("ledger.metrics")
@@ -113,61 +114,14 @@ class PrometheusMetrics(Metrics):
     """One daemon's metrics in a registry of its own (several daemons may share a test process)."""
 
     def __init__(self, pool_limit: Callable[[str], int], configured_pools: Iterable[str], global_limit: int) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+        from prometheus_client import CollectorRegistry, Counter, ProcessCollector
 
         self.registry = CollectorRegistry()
         r = self.registry
-        self.attempts = Counter(
-            "ledger_attempts",
-            "Attempts this daemon made, by how they ended and the provider's HTTP status ('none': no answer).",
-            ["pool", "outcome", "status_code"],
-            registry=r,
-        )
-        self.call_seconds = Histogram(
-            "ledger_call_seconds", "Provider call latency per attempt.", ["pool"], buckets=CALL_BUCKETS, registry=r
-        )
-        self.tokens = Counter(
-            "ledger_tokens",
-            "Tokens of the answers this daemon got (input: prompt, output: completion).",
-            ["pool", "direction"],
-            registry=r,
-        )
-        self.cost = Counter(
-            "ledger_cost_usd",
-            "Cost of the answered calls, from the price table (unpriced models add 0).",
-            ["pool"],
-            registry=r,
-        )
-        self.finished = Counter(
-            "ledger_requests_finished",
-            "Requests this daemon brought to a final status.",
-            ["pool", "status"],
-            registry=r,
-        )
-        self.claimed_requests = Counter(
-            "ledger_requests_claimed", "Requests this daemon claimed (took a slot for).", ["pool"], registry=r
-        )
-        self.reclaimed = Counter(
-            "ledger_requests_reclaimed",
-            "Expired leases of other (dead) daemons this daemon's claims ended.",
-            registry=r,
-        )
-        self.claim_seconds = Histogram(
-            "ledger_claim_transaction_seconds",
-            "Claim transactions run on their own (a claim riding in a group commit is in the record one).",
-            buckets=TRANSACTION_BUCKETS,
-            registry=r,
-        )
-        self.record_seconds = Histogram(
-            "ledger_record_transaction_seconds",
-            "Group commits of outcomes, with the claim that refills the freed slots.",
-            buckets=TRANSACTION_BUCKETS,
-            registry=r,
-        )
-        self.renewals_lost = Counter(
-            "ledger_lease_renewals_lost", "Lease renewals that failed or did not finish in time.", registry=r
-        )
-        self.cut = Counter("ledger_leases_cut", "Calls cut off because their leases could not be kept.", registry=r)
+        self.attempts, self.call_seconds, self.tokens, self.cost = _call_metrics(r)
+        self.finished, self.claimed_requests, self.reclaimed = _request_metrics(r)
+        self.claim_seconds, self.record_seconds = _transaction_metrics(r)
+        self.renewals_lost, self.cut = _lease_metrics(r)
         self.fallbacks = Counter(
             "ledger_deadline_fallbacks",
             "Delivery auto requests this daemon moved from a provider batch (or its queue) online at their deadline.",
@@ -241,6 +195,85 @@ class PrometheusMetrics(Metrics):
             await anyio.sleep(interval)
 
 
+def _call_metrics(r: CollectorRegistry) -> tuple[Counter, Histogram, Counter, Counter]:
+    """What this daemon's calls did: attempts by outcome, their latency, tokens and cost."""
+    from prometheus_client import Counter, Histogram
+
+    attempts = Counter(
+        "ledger_attempts",
+        "Attempts this daemon made, by how they ended and the provider's HTTP status ('none': no answer).",
+        ["pool", "outcome", "status_code"],
+        registry=r,
+    )
+    call_seconds = Histogram(
+        "ledger_call_seconds", "Provider call latency per attempt.", ["pool"], buckets=CALL_BUCKETS, registry=r
+    )
+    tokens = Counter(
+        "ledger_tokens",
+        "Tokens of the answers this daemon got (input: prompt, output: completion).",
+        ["pool", "direction"],
+        registry=r,
+    )
+    cost = Counter(
+        "ledger_cost_usd",
+        "Cost of the answered calls, from the price table (unpriced models add 0).",
+        ["pool"],
+        registry=r,
+    )
+    return attempts, call_seconds, tokens, cost
+
+
+def _request_metrics(r: CollectorRegistry) -> tuple[Counter, Counter, Counter]:
+    """The requests this daemon finished, claimed, and took back from dead daemons."""
+    from prometheus_client import Counter
+
+    finished = Counter(
+        "ledger_requests_finished",
+        "Requests this daemon brought to a final status.",
+        ["pool", "status"],
+        registry=r,
+    )
+    claimed_requests = Counter(
+        "ledger_requests_claimed", "Requests this daemon claimed (took a slot for).", ["pool"], registry=r
+    )
+    reclaimed = Counter(
+        "ledger_requests_reclaimed",
+        "Expired leases of other (dead) daemons this daemon's claims ended.",
+        registry=r,
+    )
+    return finished, claimed_requests, reclaimed
+
+
+def _transaction_metrics(r: CollectorRegistry) -> tuple[Histogram, Histogram]:
+    """How long this daemon's claim transactions and group commits took."""
+    from prometheus_client import Histogram
+
+    claim_seconds = Histogram(
+        "ledger_claim_transaction_seconds",
+        "Claim transactions run on their own (a claim riding in a group commit is in the record one).",
+        buckets=TRANSACTION_BUCKETS,
+        registry=r,
+    )
+    record_seconds = Histogram(
+        "ledger_record_transaction_seconds",
+        "Group commits of outcomes, with the claim that refills the freed slots.",
+        buckets=TRANSACTION_BUCKETS,
+        registry=r,
+    )
+    return claim_seconds, record_seconds
+
+
+def _lease_metrics(r: CollectorRegistry) -> tuple[Counter, Counter]:
+    """Leases this daemon could not keep: renewals lost, calls cut off."""
+    from prometheus_client import Counter
+
+    renewals_lost = Counter(
+        "ledger_lease_renewals_lost", "Lease renewals that failed or did not finish in time.", registry=r
+    )
+    cut = Counter("ledger_leases_cut", "Calls cut off because their leases could not be kept.", registry=r)
+    return renewals_lost, cut
+
+
 class LedgerCollector:
     """The gauges read from the ledger, served from the last reading (never a query per scrape)."""
 
@@ -251,7 +284,7 @@ class LedgerCollector:
         self.reading: Reading | None = None  # replaced whole by the reader: a scrape sees one reading
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import GaugeMetricFamily
 
         yield GaugeMetricFamily(
             "ledger_global_limit", "MAX_CONCURRENT_LLM_CALLS: slots across every pool and daemon.", self._global_limit
@@ -264,13 +297,21 @@ class LedgerCollector:
         for (pool, status), n in counts.requests.items():
             by_pool.setdefault(pool, {})[status] = n
         pools = sorted(set(by_pool) | set(self._configured) | set(counts.learned_limits))
-        requests = GaugeMetricFamily(
-            "ledger_requests", "Requests in the ledger by status (every daemon's, all time).", labels=["pool", "status"]
+        yield _requests_by_status(by_pool)
+        yield from self._pool_gauges(counts, by_pool, pools)
+        yield _cache_hits(counts, pools)
+        yield GaugeMetricFamily(
+            "ledger_read_age_seconds",
+            "Seconds since the ledger gauges were read from the database.",
+            max(0.0, time.time() - reading.at),
         )
-        for pool in sorted(by_pool):
-            for status in RequestStatus:
-                requests.add_metric([pool, status.value], by_pool[pool].get(status.value, 0))
-        yield requests
+
+    def _pool_gauges(
+        self, counts: LedgerCounts, by_pool: dict[str, dict[str, int]], pools: list[str]
+    ) -> Iterator[Metric]:
+        """Each pool's queue depth, slots in use, and limits (configured and learned)."""
+        from prometheus_client.core import GaugeMetricFamily
+
         due = GaugeMetricFamily(
             "ledger_queue_depth",
             "Online requests queued and due now: waiting only for a slot (back-offs not counted).",
@@ -294,21 +335,35 @@ class LedgerCollector:
         yield due
         yield in_flight
         yield limits
-        # Counted by the database (every daemon's and every enqueue's hits alike): a counter that
-        # only grows, as the rows it counts are never deleted.
-        hits = CounterMetricFamily(
-            "ledger_cache_hits",
-            "Requests answered from the response cache, with no provider call (every process's, all time).",
-            labels=["pool"],
-        )
-        for pool in sorted(set(pools) | set(counts.cache_hits)):
-            hits.add_metric([pool], counts.cache_hits.get(pool, 0))
-        yield hits
-        yield GaugeMetricFamily(
-            "ledger_read_age_seconds",
-            "Seconds since the ledger gauges were read from the database.",
-            max(0.0, time.time() - reading.at),
-        )
+
+
+def _requests_by_status(by_pool: dict[str, dict[str, int]]) -> Metric:
+    """Requests per pool and status, every status listed for every pool that has any."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    requests = GaugeMetricFamily(
+        "ledger_requests", "Requests in the ledger by status (every daemon's, all time).", labels=["pool", "status"]
+    )
+    for pool in sorted(by_pool):
+        for status in RequestStatus:
+            requests.add_metric([pool, status.value], by_pool[pool].get(status.value, 0))
+    return requests
+
+
+def _cache_hits(counts: LedgerCounts, pools: list[str]) -> Metric:
+    """Requests answered from the response cache, per pool."""
+    from prometheus_client.core import CounterMetricFamily
+
+    # Counted by the database (every daemon's and every enqueue's hits alike): a counter that
+    # only grows, as the rows it counts are never deleted.
+    hits = CounterMetricFamily(
+        "ledger_cache_hits",
+        "Requests answered from the response cache, with no provider call (every process's, all time).",
+        labels=["pool"],
+    )
+    for pool in sorted(set(pools) | set(counts.cache_hits)):
+        hits.add_metric([pool], counts.cache_hits.get(pool, 0))
+    return hits
 
 
 @dataclass(frozen=True)

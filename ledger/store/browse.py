@@ -59,7 +59,7 @@ MOST_POOLS = 200
 RATE_WINDOW_S = 60.0
 
 # The columns a request list shows (never the input, output or body: those are on its own page).
-ROW_COLUMNS = (
+REQUEST_LIST_COLUMNS = (
     "id",
     "idempotency_key",
     "job_id",
@@ -217,52 +217,8 @@ class BrowseQueries:
                 running = statuses.get(RequestStatus.RUNNING.value, Count(0))
                 queued = statuses.get(RequestStatus.QUEUED.value, Count(0))
                 found[endpoint] = PoolView(endpoint, running, queued)
-            state = conn.execute(
-                select(
-                    pools.c.endpoint,
-                    pools.c.learned_limit,
-                    case((pools.c.cooldown_until > db_now(), pools.c.cooldown_until), else_=None),
-                    pools.c.paused_reason,
-                    case((pools.c.window_until > db_now(), pools.c.window_left), else_=None),
-                )
-            ).all()
-            for endpoint, learned, cooling, paused, left in state:
-                view = found.setdefault(str(endpoint), PoolView(str(endpoint), Count(0), Count(0)))
-                view.learned_limit = learned
-                view.cooldown_until = cooling
-                view.paused_reason = paused if cooling is not None else None
-                view.window_left = left
-            # Pools with an RPM/TPM cap log their calls (`llm_pool_calls`, the window the claim
-            # enforces); the others are read from the newest attempts (calls started in the
-            # window) and the completion index (tokens of the answers that came back in it).
-            # The window's start is read once and bound: PostgreSQL's clock_timestamp() is volatile,
-            # and a comparison with it cannot search an index (it would read every completion).
-            a, c = attempts.c, requests.c
-            since = as_utc(conn.execute(select(db_now_plus(-RATE_WINDOW_S))).scalar_one())
-            top = conn.execute(select(func.max(a.id))).scalar() or 0
-            started = conn.execute(
-                select(a.request_id).where(a.id > top - RECENT_ATTEMPTS, a.started_at > since)
-            ).scalars()  # a range of the primary key, then its rows' start
-            ids = list(started)
-            for chunk in range(0, len(ids), 1000):
-                per_pool = select(c.endpoint, func.count()).where(c.id.in_(ids[chunk : chunk + 1000]))
-                for endpoint, calls in conn.execute(per_pool.group_by(c.endpoint)):
-                    if str(endpoint) in found:
-                        found[str(endpoint)].window_calls += int(calls)
-            answered = func.sum(func.coalesce(c.input_tokens, 0) + func.coalesce(c.output_tokens, 0))
-            recent = select(c.endpoint, answered).where(c.completed_at > since)
-            for endpoint, tokens in conn.execute(recent.group_by(c.endpoint)):
-                if str(endpoint) in found:
-                    found[str(endpoint)].window_tokens += int(tokens or 0)
-            capped = conn.execute(
-                select(pool_calls.c.endpoint, func.count(), func.coalesce(func.sum(pool_calls.c.tokens), 0))
-                .where(pool_calls.c.started_at > db_now_plus(-RATE_WINDOW_S))
-                .group_by(pool_calls.c.endpoint)
-            ).all()
-            for endpoint, calls, tokens in capped:
-                if str(endpoint) in found:
-                    found[str(endpoint)].window_calls = int(calls)
-                    found[str(endpoint)].window_tokens = int(tokens)
+            _read_pool_state(conn, found)
+            _read_window_use(conn, found)
         return [found[key] for key in sorted(found)]
 
     def oldest_queued(self) -> dict[str, Any] | None:
@@ -365,7 +321,7 @@ class BrowseQueries:
     def request_page(self, where: RequestFilter, *, before: int | None = None, limit: int = 50) -> RequestPage:
         """A page of requests newest first, from below id `before` (keyset). See the module's
         docstring for how the walk stays bounded."""
-        columns = [requests.c[name] for name in ROW_COLUMNS]
+        columns = [requests.c[name] for name in REQUEST_LIST_COLUMNS]
         checks = where.checks()
         with reading(self.engine) as conn:
             top = before if before is not None else _top_id(conn)
@@ -505,6 +461,61 @@ class BrowseQueries:
         """Pools with state of their own (every pool that ever had a call) for the filter form."""
         with reading(self.engine) as conn:
             return [str(e) for e in conn.execute(select(pools.c.endpoint).order_by(pools.c.endpoint)).scalars()]
+
+
+def _read_pool_state(conn: Connection, found: dict[str, PoolView]) -> None:
+    """Each pool's learned limit, cooldown or pause, and window left, into `found` (a pool with
+    state but no requests is added)."""
+    state = conn.execute(
+        select(
+            pools.c.endpoint,
+            pools.c.learned_limit,
+            case((pools.c.cooldown_until > db_now(), pools.c.cooldown_until), else_=None),
+            pools.c.paused_reason,
+            case((pools.c.window_until > db_now(), pools.c.window_left), else_=None),
+        )
+    ).all()
+    for endpoint, learned, cooling, paused, left in state:
+        view = found.setdefault(str(endpoint), PoolView(str(endpoint), Count(0), Count(0)))
+        view.learned_limit = learned
+        view.cooldown_until = cooling
+        view.paused_reason = paused if cooling is not None else None
+        view.window_left = left
+
+
+def _read_window_use(conn: Connection, found: dict[str, PoolView]) -> None:
+    """The calls and tokens of each pool of `found` in the current rate window."""
+    # Pools with an RPM/TPM cap log their calls (`llm_pool_calls`, the window the claim
+    # enforces); the others are read from the newest attempts (calls started in the
+    # window) and the completion index (tokens of the answers that came back in it).
+    # The window's start is read once and bound: PostgreSQL's clock_timestamp() is volatile,
+    # and a comparison with it cannot search an index (it would read every completion).
+    a, c = attempts.c, requests.c
+    since = as_utc(conn.execute(select(db_now_plus(-RATE_WINDOW_S))).scalar_one())
+    top = conn.execute(select(func.max(a.id))).scalar() or 0
+    started = conn.execute(
+        select(a.request_id).where(a.id > top - RECENT_ATTEMPTS, a.started_at > since)
+    ).scalars()  # a range of the primary key, then its rows' start
+    ids = list(started)
+    for chunk in range(0, len(ids), 1000):
+        per_pool = select(c.endpoint, func.count()).where(c.id.in_(ids[chunk : chunk + 1000]))
+        for endpoint, calls in conn.execute(per_pool.group_by(c.endpoint)):
+            if str(endpoint) in found:
+                found[str(endpoint)].window_calls += int(calls)
+    answered = func.sum(func.coalesce(c.input_tokens, 0) + func.coalesce(c.output_tokens, 0))
+    recent = select(c.endpoint, answered).where(c.completed_at > since)
+    for endpoint, tokens in conn.execute(recent.group_by(c.endpoint)):
+        if str(endpoint) in found:
+            found[str(endpoint)].window_tokens += int(tokens or 0)
+    capped = conn.execute(
+        select(pool_calls.c.endpoint, func.count(), func.coalesce(func.sum(pool_calls.c.tokens), 0))
+        .where(pool_calls.c.started_at > db_now_plus(-RATE_WINDOW_S))
+        .group_by(pool_calls.c.endpoint)
+    ).all()
+    for endpoint, calls, tokens in capped:
+        if str(endpoint) in found:
+            found[str(endpoint)].window_calls = int(calls)
+            found[str(endpoint)].window_tokens = int(tokens)
 
 
 def _capped_count(conn: Connection, *where: ColumnElement[bool]) -> Count:

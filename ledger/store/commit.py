@@ -21,7 +21,7 @@ idle loops commit such transactions every poll interval, and before this a backe
 terminated at one of those COMMITs stopped the daemon.
 
 A session the server ended because it sat idle inside a transaction (SQLSTATE 25P03, a
-daemon frozen past `idle_in_transaction_session_timeout`, see `dialect.configure_engine`)
+daemon frozen past `idle_in_transaction_session_timeout`, see `engine_setup.configure_engine`)
 was rolled back by the server's own word: that FATAL comes before the next command runs, so
 the COMMIT never ran. That lost COMMIT is `CommitNotApplied` with or without a known id, and
 a read's closing ROLLBACK that finds its connection gone is no error at all (`reading`): the

@@ -8,11 +8,11 @@ constructs defined here:
   expiry and back-off deadlines. SQLite stores them as ISO text with microseconds
   so that plain string comparison orders them correctly.
 - PostgreSQL's BEGIN, sent by the store with a transaction's first statement, not by the
-  driver as a round trip of its own (`configure_engine`, `_in_one_query`).
+  driver as a round trip of its own (`engine_setup.configure_engine`, `driver_runs.in_one_query`).
 - `Dialect.serialize_claimers()`: makes claim transactions run one at a time, so
   the in-flight count a claimer reads cannot be stale when it writes. PostgreSQL
   takes a transaction-scoped advisory lock; SQLite gets the same guarantee from
-  `BEGIN IMMEDIATE` (its single writer), set up in `configure_engine`.
+  `BEGIN IMMEDIATE` (its single writer), set up in `engine_setup.configure_engine`.
 - `Dialect.for_update()`: `FOR UPDATE SKIP LOCKED` where it exists.
 - `Dialect.bound_waits()`: a transaction that gives up waiting after a deadline
   (PostgreSQL's `lock_timeout` / `statement_timeout`).
@@ -28,16 +28,12 @@ constructs defined here:
 
 from __future__ import annotations
 
-import collections
-import functools
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-from psycopg.rows import namedtuple_row
-from sqlalchemy import Table, event, text
+from sqlalchemy import Table, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.cursor import CursorResult
@@ -45,7 +41,22 @@ from sqlalchemy.exc import DatabaseError, DBAPIError, InterfaceError, Operationa
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.selectable import Select
 
-from ledger.store.checkpoints import WAL_BACKSTOP_PAGES, WalCheckpoints
+from ledger.store.checkpoints import WalCheckpoints
+from ledger.store.driver_runs import (
+    INLINE_AT_MOST,
+    PLANS_AS_USUAL,
+    PLANS_BY_KEY,
+    copy_then_insert,
+    in_one_query,
+    one_by_one,
+    sqlite_max_variables,
+    text_size,
+)
+
+# A hot statement's result read whole (driver_runs.py), named here too: the store reads it from here.
+from ledger.store.driver_runs import (
+    Ran as Ran,
+)
 from ledger.store.row_sets import SQLITE_VALUES_AT_MOST, RowSet, RowSetType, as_json, pieces, sqlite_statement
 
 # The portable SQL pieces (sql_pieces.py), named here too: every store module imports them from here.
@@ -118,7 +129,9 @@ class Dialect:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        # Compiled hot statements (module-level constants, so `id` is a stable key).
+        # Compiled hot statements by `id` (module-level constants, mostly). Each entry holds its
+        # statement: a statement made for one call (a test's `text(...)`) stays alive with it, so
+        # its `id` is never another statement's.
         self._statements: dict[int, _Hot] = {}
         self._sqlite_max_values: int | None = None  # values a statement binds as VALUES (`sqlite_statement`)
 
@@ -143,22 +156,22 @@ class Dialect:
 
     def run_all(self, conn: Connection, statements: Iterable[tuple[Any, dict[str, Any]]]) -> list[Ran]:
         """Hot statements (as `execute`) none of whose parameters depends on another's result,
-        each result read whole. PostgreSQL gets them all in one round trip (`_in_one_query`),
+        each result read whole. PostgreSQL gets them all in one round trip (`in_one_query`),
         unless their parameters are large (long outputs): bound on the client, those would be
         copied into the query text and parsed there, which costs more than the round trips
-        saved. Either way PostgreSQL plans them with `_PLANS_BY_KEY`, set back after them.
-        SQLite runs them one after the other on the driver's cursor (`_one_by_one`)."""
+        saved. Either way PostgreSQL plans them with `PLANS_BY_KEY`, set back after them.
+        SQLite runs them one after the other on the driver's cursor (`one_by_one`)."""
         if not conn.in_transaction():  # as SQLAlchemy's own `execute` would: begin one
             conn.begin()
         driver_args = [self._driver_args(conn, stmt, params) for stmt, params in statements]
         if self.name != "postgresql":
-            return _one_by_one(conn, driver_args)
-        if _size(driver_args) > INLINE_AT_MOST:
-            conn.exec_driver_sql(_PLANS_BY_KEY).close()  # a row of settings: nothing to read
+            return one_by_one(conn, driver_args)
+        if text_size(driver_args) > INLINE_AT_MOST:
+            conn.exec_driver_sql(PLANS_BY_KEY).close()  # a row of settings: nothing to read
             found = [Ran.read(conn.exec_driver_sql(sql, args)) for sql, args in driver_args]
-            conn.exec_driver_sql(_PLANS_AS_USUAL).close()
+            conn.exec_driver_sql(PLANS_AS_USUAL).close()
             return found
-        return _in_one_query(conn, driver_args)
+        return in_one_query(conn, driver_args)
 
     def update_then_insert(
         self,
@@ -286,7 +299,7 @@ class Dialect:
     def _max_values(self, conn: Connection) -> int:
         """SQLite: the values a statement binds as VALUES before its sets go as JSON."""
         if self._sqlite_max_values is None:
-            self._sqlite_max_values = min(_sqlite_max_variables(conn), SQLITE_VALUES_AT_MOST)
+            self._sqlite_max_values = min(sqlite_max_variables(conn), SQLITE_VALUES_AT_MOST)
         return self._sqlite_max_values
 
     def execute_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> CursorResult[*tuple[Any, ...]]:
@@ -310,6 +323,7 @@ class Dialect:
                 tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None,
                 {name: bind.effective_value for name, bind in binds if not bind.required},
                 frozenset(name for name, bind in binds if isinstance(bind.type, RowSetType)),
+                stmt,
             )
         return found
 
@@ -334,8 +348,8 @@ class Dialect:
         if self.name == "postgresql":
             stage = f"ledger_stage_{table.name}"
             picked = f"SELECT {', '.join([*columns, *[now] * len(clock)])} FROM {stage} ORDER BY ord"
-            return _copy_then_insert(conn, table, stage, columns, rows, f"{into} {picked} {skip}")
-        per_statement = max(1, _sqlite_max_variables(conn) // len(columns))
+            return copy_then_insert(conn, table, stage, columns, rows, f"{into} {picked} {skip}")
+        per_statement = max(1, sqlite_max_variables(conn) // len(columns))
         group = "(" + ", ".join(["?"] * len(columns) + [now] * len(clock)) + ")"
         new: list[tuple[int, str]] = []
         for i in range(0, len(rows), per_statement):
@@ -380,169 +394,7 @@ class _Hot:
     names: tuple[str, ...] | None
     defaults: dict[str, Any]
     row_params: frozenset[str]
-
-
-@dataclass(frozen=True)
-class Ran:
-    """A statement's result, read whole: its rows (by position or column name) and rowcount."""
-
-    rows: list[Any]
-    rowcount: int
-
-    @classmethod
-    def read(cls, result: CursorResult[*tuple[Any, ...]]) -> Ran:
-        return cls(list(result) if result.returns_rows else [], result.rowcount)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.rows)
-
-
-# Parameter characters up to which `run_all` sends its statements as one query on PostgreSQL.
-INLINE_AT_MOST = 64 * 1024
-# The plans `run_all`'s statements get on PostgreSQL, whatever the planner estimates: each
-# reaches rows by key, a JSON chunk joined to rows by primary key (a hash join: the planner,
-# taking the fenced rows for one, rescanned the chunk once per row, 50 x 50 comparisons),
-# or running rows by the in-flight index (a plain index scan, which marks the entries of
-# rows no longer running dead: a bitmap scan never does, so until a vacuum every count of
-# the running rows visited every request run since, 2.5 ms a group commit at 20,000), never
-# by scanning a table an index reaches: a young ledger's attempts (some thousands, not
-# analysed yet, each key taken for 1/200 of the table) were read whole to close fifty, 1.9 ms
-# of a 7 ms group commit at 10,000, where the key lookups take 0.1. No JIT: a scan left with no other way
-# (the pools, the live daemons: a few rows) is costed past JIT's threshold once scans are off,
-# and compiling one took 24-370 ms.
-# Transaction-local, and set back right after those statements: the transaction's others
-# (a budget's OR of two indexes, say) keep their usual plans. "Back" is the server's and the
-# connection's setting (`set_config` to NULL is `SET LOCAL ... TO DEFAULT`); the store sets
-# neither at session level. One statement each way, not a `SET LOCAL` per setting: each
-# statement of a query is a result the driver reads in Python (`_in_one_query`).
-_PLANNER_SETTINGS = {"enable_nestloop": "off", "enable_bitmapscan": "off", "enable_seqscan": "off", "jit": "off"}
-_PLANS_BY_KEY = "SELECT " + ", ".join(f"set_config('{k}', '{v}', true) AS {k}" for k, v in _PLANNER_SETTINGS.items())
-_PLANS_AS_USUAL = "SELECT " + ", ".join(f"set_config('{k}', NULL, true) AS {k}" for k in _PLANNER_SETTINGS)
-
-
-def _size(driver_args: list[tuple[str, Any]]) -> int:
-    """The statements' text parameters' length in characters (a plain loop: this runs at every
-    group commit)."""
-    size = 0
-    for _, args in driver_args:
-        for value in args.values() if isinstance(args, dict) else args:
-            if isinstance(value, str):
-                size += len(value)
-    return size
-
-
-# A result with rows to read (a SELECT, a RETURNING); the others are command statuses only.
-_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
-
-
-def _in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ran]:
-    """PostgreSQL: `statements` as one simple query, one round trip, their results read in turn.
-
-    Parameters are bound on the client (psycopg's `ClientCursor.mogrify`): the simple query
-    protocol takes several statements at once but no parameters. The transaction's BEGIN goes
-    in the same query when nothing was sent before it. Not psycopg's pipeline
-    mode: it ends with a Flush after its Sync, and a server that reads a Flush last stops
-    timing the session's idleness in a transaction, so a daemon frozen after it would hold the
-    claim lock past `idle_in_transaction_session_timeout`.
-
-    Outside SQLAlchemy's `execute` (which reads one result), so its error handling is done
-    here as SQLAlchemy does it: a driver error comes out as SQLAlchemy's wrapped error, and
-    a lost connection invalidates the connection and the pool, so that the lane's retry
-    rules (`is_transient`) see what they always saw. (SQLAlchemy's `handle_error` and
-    cursor events do not fire for these statements; the store registers none.)
-    """
-    raw: Any = conn.connection.driver_connection
-    binder = psycopg.ClientCursor(raw)
-    bound = [binder.mogrify(sql, args) for sql, args in statements]
-    # The transaction's BEGIN, if nothing was sent in it yet: one round trip where the driver
-    # would make two (see `configure_engine`).
-    began = conn.info.pop(_BEGIN_DUE, False)
-    first = ["BEGIN", _PLANS_BY_KEY] if began else [_PLANS_BY_KEY]
-    query = ";\n".join([*first, *bound, _PLANS_AS_USUAL])
-    # A query text made once (its values are in it, and it has several statements) is never
-    # prepared: the driver's bookkeeping of texts to prepare (a key hashed over the whole text,
-    # a cache looked up and updated) is skipped for it, and set back after it for the
-    # statements SQLAlchemy repeats.
-    prepare_threshold, raw.prepare_threshold = raw.prepare_threshold, None
-    try:
-        with raw.cursor(row_factory=namedtuple_row) as cursor:
-            cursor.execute(query)
-            for _ in first:  # their results: nothing to read
-                cursor.nextset()
-            found = []
-            for _ in statements:
-                result = cursor.pgresult
-                rows = cursor.fetchall() if result is not None and result.status == _TUPLES_OK else []
-                found.append(Ran(rows, cursor.rowcount))
-                cursor.nextset()
-            return found
-    except psycopg.Error as exc:
-        error: Any = exc
-        lost = conn.dialect.is_disconnect(error, raw, None)
-        if lost:  # as SQLAlchemy does: every pooled connection of that server is suspect now
-            conn.engine.pool._invalidate(conn.connection, exc)
-            conn.invalidate(exc)
-        elif began and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            conn.info[_BEGIN_DUE] = True  # refused whole (BEGIN too): the transaction is still to begin
-        raise DBAPIError.instance(
-            query, None, exc, psycopg.Error, connection_invalidated=lost, dialect=conn.dialect
-        ) from exc
-    finally:
-        raw.prepare_threshold = prepare_threshold
-
-
-def _one_by_one(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ran]:
-    """SQLite: `statements` in turn on the driver's own cursor, each result read whole.
-
-    SQLAlchemy's `exec_driver_sql` and its rows cost 15 us a statement more than the
-    statement itself, a tenth of the lane's time in a group commit (issue 9). Errors come
-    out wrapped as SQLAlchemy wraps them (see `_in_one_query`); a file has no connection
-    to lose."""
-    raw: Any = conn.connection.driver_connection
-    cursor = raw.cursor()
-    found = []
-    sql, args = "", None
-    try:
-        for sql, args in statements:
-            cursor.execute(sql, args)
-            rows = cursor.fetchall() if cursor.description else []
-            if rows:
-                named = _row_type(tuple(d[0] for d in cursor.description))
-                rows = [named._make(row) for row in rows]
-            found.append(Ran(rows, cursor.rowcount))
-        return found
-    except sqlite3.Error as exc:
-        raise DBAPIError.instance(sql, args, exc, sqlite3.Error, dialect=conn.dialect) from exc
-    finally:
-        cursor.close()
-
-
-@functools.cache
-def _row_type(names: tuple[str, ...]) -> Any:
-    """Rows as `_in_one_query` gives them (psycopg's `namedtuple_row`): by position or by name."""
-    return collections.namedtuple("Row", names, rename=True)
-
-
-def _copy_then_insert(
-    conn: Connection, table: Table, stage: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], insert: str
-) -> list[tuple[int, str]]:
-    """PostgreSQL: COPY `rows` into a temporary table (this session's, emptied at commit), then
-    run `insert`, which selects from it in input order."""
-    types = ", ".join(f"{c} {table.c[c].type.compile(dialect=conn.dialect)}" for c in columns)
-    conn.exec_driver_sql(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (ord integer, {types}) ON COMMIT DELETE ROWS")
-    raw: Any = conn.connection.driver_connection
-    with raw.cursor() as cur:
-        with cur.copy(f"COPY {stage} (ord, {', '.join(columns)}) FROM STDIN") as copy:
-            for ord_, row in enumerate(rows):
-                copy.write_row((ord_, *row))
-        cur.execute(insert)
-        return [(int(r[0]), str(r[1])) for r in cur.fetchall()]
-
-
-def _sqlite_max_variables(conn: Connection) -> int:
-    """SQLite's limit on bound parameters per statement (999 before 3.32, 32766 since)."""
-    raw: Any = conn.connection.driver_connection
-    return int(raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+    statement: Any  # the statement itself, kept alive so that its `id` (the key) stays its own
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -565,88 +417,3 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc.orig, sqlite3.OperationalError):
         return any(word in str(exc.orig) for word in ("locked", "busy"))
     return isinstance(exc, OperationalError | InterfaceError)
-
-
-def configure_engine(
-    engine: Engine, idle_in_transaction_s: float | None = None, background_checkpoints: bool = False
-) -> Dialect:
-    """Per-connection set-up; returns the dialect seam for this engine.
-
-    `background_checkpoints` (SQLite; the daemon sets it): the engine's commits leave the WAL to a
-    thread (`Dialect.checkpoints`), up to a backstop (`checkpoints.WAL_BACKSTOP_PAGES`).
-
-    `idle_in_transaction_s` (PostgreSQL; the daemon sets it): the server ends a session of
-    ours that sits inside a transaction doing nothing for that long, e.g. a daemon frozen
-    while it holds the claim lock, so the other daemons carry on instead of waiting for
-    the freeze to end (the server's own default is to wait forever). SQLite has no such
-    bound: a writer frozen inside its transaction holds the file's only write lock, and
-    the others wait for it (up to their busy timeout, then their lane's retries).
-    """
-    name = engine.dialect.name
-    if name == "postgresql" and idle_in_transaction_s:
-        bound_ms = max(1, int(idle_in_transaction_s * 1000))
-
-        @event.listens_for(engine, "connect")
-        def _pg_bound_idle(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.execute(f"SET idle_in_transaction_session_timeout = {bound_ms}")
-            dbapi_conn.commit()
-
-    if name == "sqlite":
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-            # Let SQLAlchemy's BEGIN below decide transactions, not the driver.
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            # WAL: readers (the audit CLI) never block the daemon's writer.
-            cur.execute("PRAGMA journal_mode=WAL")
-            # NORMAL under WAL survives a killed process; only power loss can
-            # drop the last commits. Documented in docs/decisions.md.
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
-            if background_checkpoints:  # the thread does it (`checkpoints.py`); this is the backstop
-                cur.execute(f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES}")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: Connection) -> None:
-            # IMMEDIATE takes the write lock up front: two daemons on one file
-            # serialise their claims instead of deadlocking on lock upgrade. A read
-            # (`commit.reading`) begins deferred: under WAL it takes no lock, so it
-            # neither waits for a writer nor holds one up.
-            conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
-
-    elif name == "postgresql":
-
-        @event.listens_for(engine, "checkout")
-        def _pg_begin_ourselves(dbapi_conn: Any, *_: Any) -> None:
-            # The driver would send a transaction's BEGIN as a round trip of its own; the
-            # store sends it itself, with the transaction's first statement (`_in_one_query`).
-            # At each checkout: SQLAlchemy, which takes the driver's transactions for its own,
-            # would set the mode back after a connection ran at another isolation level.
-            if not dbapi_conn.autocommit:
-                dbapi_conn.autocommit = True
-
-        @event.listens_for(engine, "begin")
-        def _pg_begin_later(conn: Connection) -> None:
-            conn.info[_BEGIN_DUE] = True
-
-        @event.listens_for(engine, "before_cursor_execute")
-        def _pg_begin_first(conn: Connection, cursor: Any, *_: Any) -> None:
-            if conn.info.pop(_BEGIN_DUE, False):
-                cursor.execute("BEGIN")
-
-        @event.listens_for(engine, "commit")
-        @event.listens_for(engine, "rollback")
-        def _pg_begun_no_more(conn: Connection) -> None:
-            if not conn.invalidated:  # (an invalidated connection's `info` cannot be read; it is gone)
-                conn.info.pop(_BEGIN_DUE, None)
-
-    else:
-        raise ValueError(f"LEDGER_DATABASE_URL: unsupported database {name!r} (use sqlite or postgresql)")
-    return Dialect(name)
-
-
-# PostgreSQL: the transaction this connection began has sent nothing yet, not even its BEGIN.
-_BEGIN_DUE = "ledger_begin_due"

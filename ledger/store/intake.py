@@ -1,6 +1,6 @@
 """The SQL of an enqueue written in short transactions (`ledger.intake` drives it).
 
-A chunk of validated rows (tuples in `ROW_COLUMNS` order, JSON columns as text, made
+A chunk of validated rows (tuples in `CHUNK_ROW_COLUMNS` order, JSON columns as text, made
 before the transaction starts) goes in with one set-based insert that skips keys
 already there (`ON CONFLICT (idempotency_key) DO NOTHING`), by the dialect's fastest
 multi-row path (`Dialect.insert_rows`): PostgreSQL COPYs the chunk into a temporary
@@ -35,7 +35,7 @@ jobs = Job.__table__  # type: ignore[attr-defined]
 
 # What a chunk's rows carry, in this order (from `ledger.enqueue.checked_row`, plus fair_seq);
 # the other columns take their defaults, and the timestamps the database clock.
-ROW_COLUMNS = (
+CHUNK_ROW_COLUMNS = (
     "fair_seq",
     "idempotency_key",
     *BODY_FIELDS,
@@ -53,7 +53,7 @@ ROW_COLUMNS = (
     "dropped_params",
     "deadline",  # delivery `auto` only (as text: `ledger.deadlines.deadline_text`)
 )
-_KEY_AT, _SOURCES_AT = ROW_COLUMNS.index("idempotency_key"), ROW_COLUMNS.index("sources")
+_KEY_AT, _SOURCES_AT = CHUNK_ROW_COLUMNS.index("idempotency_key"), CHUNK_ROW_COLUMNS.index("sources")
 _KNOWN = select(requests.c.id, requests.c.idempotency_key, requests.c.body_hash).where(
     requests.c.idempotency_key.in_(bindparam("b_keys", expanding=True))
 )
@@ -124,13 +124,13 @@ class IntakeQueries:
         each skipped key the check that its stored body is the same (else `KeyConflict`), and
         with a `cache` policy the new rows answered from the response cache where they can be.
 
-        `rows` are tuples in `ROW_COLUMNS` order; `hashes` maps each of their keys (unique
+        `rows` are tuples in `CHUNK_ROW_COLUMNS` order; `hashes` maps each of their keys (unique
         within the chunk) to its body hash.
         """
         with transaction(self.engine, self.dialect) as conn:
             for job_id in sorted(job_ids):
                 conn.execute(self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"})
-            new = self.dialect.insert_rows(conn, requests, ROW_COLUMNS, rows, key="idempotency_key")
+            new = self.dialect.insert_rows(conn, requests, CHUNK_ROW_COLUMNS, rows, key="idempotency_key")
             if any(row[_SOURCES_AT] not in (None, "null") for row in rows):
                 sources = {row[_KEY_AT]: json.loads(row[_SOURCES_AT]) for row in rows if row[_SOURCES_AT] is not None}
                 link_sources(conn, ((rid, sources.get(key)) for rid, key in new))

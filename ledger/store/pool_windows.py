@@ -2,7 +2,7 @@
 
 A provider whose headers count a requests window down without saying when it resets (an
 OpenAI-compatible proxy's), or that says nothing at all, still refuses the call past its
-window. Such a refusal is a window's, not a concurrency cap's (`pools._note_pool`), and
+window. Such a refusal is a window's, not a concurrency cap's (`pool_lessons._note_pool`), and
 the window is learned from it: its calls are the limit the headers name (else the calls the
 pool started in it), its length the wait the 429 asked for (else a minute, what the providers'
 request headers count over). From then on the pool is paced like one with a configured RPM

@@ -20,7 +20,8 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from ledger.errors import DatabaseError as DatabaseError
-from ledger.store.dialect import Dialect, configure_engine, read_json
+from ledger.store.dialect import Dialect, read_json
+from ledger.store.engine_setup import configure_engine
 
 if TYPE_CHECKING:
     from alembic.config import Config

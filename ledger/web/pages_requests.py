@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Route
 from adapters.base import FINISH_REASONS
 from adapters.registry import PROVIDER_NAMES
 from ledger.statuses import Delivery, RequestStatus
-from ledger.store.browse import ROW_COLUMNS, RequestFilter
+from ledger.store.browse import REQUEST_LIST_COLUMNS, RequestFilter
 from ledger.web.base import Web, int_param, plain
 from ledger.web.formats import redact
 
@@ -31,7 +31,7 @@ FIXED_FILTERS: dict[str, tuple[str, ...]] = {
 }
 # The columns of the CSV export: a request list's, and when it ended (the JSONL export has every
 # column but the input and the body).
-CSV_COLUMNS = (*ROW_COLUMNS, "completed_at")
+CSV_COLUMNS = (*REQUEST_LIST_COLUMNS, "completed_at")
 
 
 class BadFilter(ValueError):

@@ -21,7 +21,7 @@ from ledger.retry import RetryPolicy
 from ledger.scheduler import Scheduler
 from ledger.settings import load_settings
 from ledger.store import Store
-from ledger.store.pools import PROBE_ROUNDS
+from ledger.store.pool_lessons import PROBE_ROUNDS
 from ledger.store.rows import AttemptFailure, ClaimedRequest, Completed, Outcome, RetryLater
 from tests.integration.store_helpers import add_requests
 

@@ -12,9 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from ledger.enqueue import build_spec, to_row
-from ledger.store import Store, queue
+from ledger.store import Store, driver_runs, queue
 from ledger.store import claim as claim_sql
-from ledger.store import dialect as dialect_module
 from ledger.store.commit import transaction
 from ledger.store.dialect import is_transient
 from ledger.store.queue import CancelResult
@@ -327,7 +326,7 @@ def test_postgresql_closes_a_group_s_attempts_by_key_on_a_young_ledger(pg_url: s
     attempts long and not analysed yet (autovacuum's first ANALYZE comes a minute or more into a
     run), the planner takes each key for 1/200 of the table, and fifty of them for about a fifth:
     every group commit read the whole table instead (1.9 ms of its 7 at 10,000 attempts, issue
-    9). The hot statements never scan a table where an index reaches their rows (`_PLANS_BY_KEY`)."""
+    9). The hot statements never scan a table where an index reaches their rows (`PLANS_BY_KEY`)."""
     store = Store(pg_url)
     try:
         _complete_without_vacuum(store, 3000)
@@ -336,7 +335,7 @@ def test_postgresql_closes_a_group_s_attempts_by_key_on_a_young_ledger(pg_url: s
         assert len(taken) == 50
         with transaction(store.engine, store.dialect) as conn:
             sql, args = store.dialect._driver_args(conn, *_completing(taken))
-            (ran,) = dialect_module._in_one_query(conn, [(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", args)])
+            (ran,) = driver_runs.in_one_query(conn, [(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", args)])
             scans = _scans(ran.rows[0][0][0]["Plan"])
         assert ("llm_attempts", "Index Scan") in scans and ("llm_attempts", "Seq Scan") not in scans, scans
         with store.engine.connect() as conn:  # EXPLAIN ANALYZE ran it: the group's attempts are closed
@@ -374,7 +373,7 @@ def test_postgresql_counts_running_requests_without_revisiting_those_finished_si
             sql, args = store.dialect._driver_args(conn, count_running, params)
             explain = f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"
             for _ in range(2):  # the first count marks the dead entries; the second is what every claim pays
-                (ran,) = dialect_module._in_one_query(conn, [(explain, args)])
+                (ran,) = driver_runs.in_one_query(conn, [(explain, args)])
             plan = ran.rows[0][0][0]["Plan"]
         # Before: every page holding a finished request (444 of them here); now the index's own.
         assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] < pages / 4, plan
@@ -426,7 +425,7 @@ def test_postgresql_plans_by_key_the_hot_statements_and_not_the_rest_of_their_tr
         with transaction(store.engine, store.dialect) as conn:
             usual = tuple(conn.exec_driver_sql(settings).one())
             assert usual[:3] == ("on", "on", "on")
-            for value in ("short", "x" * (dialect_module.INLINE_AT_MOST + 1)):
+            for value in ("short", "x" * (driver_runs.INLINE_AT_MOST + 1)):
                 (inside,) = store.dialect.run_all(conn, [(probe, {"p": value})])
                 assert tuple(inside.rows[0])[:4] == ("off", "off", "off", "off")
                 assert tuple(conn.exec_driver_sql(settings).one()) == usual

@@ -18,7 +18,7 @@ from ledger import EnqueueError, Ledger, RequestSpec
 from ledger.enqueue import checked_row
 from ledger.settings import load_settings
 from ledger.store import Store
-from ledger.store.intake import ROW_COLUMNS, KeyConflict
+from ledger.store.intake import CHUNK_ROW_COLUMNS, KeyConflict
 
 USER = [{"role": "user", "content": "Essay {i}"}]
 
@@ -233,7 +233,9 @@ def test_a_conflict_found_inside_a_chunk_rolls_the_chunk_back(db_url: str) -> No
         ledger.enqueue(model="m", provider="mock", messages=[{"role": "user", "content": "a"}], idempotency_key="k")
     specs = [spec(c, idempotency_key=k) for k, c in (("new", "n"), ("k", "b"))]
     checked = [checked_row(s) for s in specs]
-    rows = [tuple(1 if c == "fair_seq" else texts.get(c, row.get(c)) for c in ROW_COLUMNS) for row, texts in checked]
+    rows = [
+        tuple(1 if c == "fair_seq" else texts.get(c, row.get(c)) for c in CHUNK_ROW_COLUMNS) for row, texts in checked
+    ]
     with pytest.raises(KeyConflict) as caught:
         store.insert_chunk(rows, {row["idempotency_key"]: row["body_hash"] for row, _ in checked}, set())
     assert caught.value.key == "k"
