@@ -60,7 +60,7 @@ def mock_provider(
     keyless runs: latency, caps and faults as asked. Its first line on stdout names its URL; it stops
     on Ctrl-C or SIGTERM."""
     from adapters.mock_provider import MockProviderConfig, parse_fault_rates
-    from adapters.mock_provider.server import serve_until_stopped
+    from adapters.mock_provider.command import serve_until_stopped
 
     try:
         faults = parse_fault_rates(fault_rate or [])

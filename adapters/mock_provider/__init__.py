@@ -6,13 +6,15 @@ with the in-process `adapters.mock.MockAdapter`), `running` starts it in a threa
 or a child process.
 """
 
+from adapters.mock_provider.command import main
+from adapters.mock_provider.config import MockProviderConfig, parse_fault_rates
 from adapters.mock_provider.running import (
     MockProviderProcess,
     RunningMockProvider,
     mock_provider_process,
     running_mock_provider,
 )
-from adapters.mock_provider.server import MockProviderConfig, MockProviderServer, main, parse_fault_rates
+from adapters.mock_provider.server import MockProviderServer
 
 __all__ = [
     "MockProviderConfig",

@@ -42,7 +42,7 @@ from adapters.mock_provider.openai_checks import Refusal
 from adapters.mock_provider.wire import Answered, Reply, answer_body, azure_model, error_reply, json_reply
 
 if TYPE_CHECKING:
-    from adapters.mock_provider.server import MockProviderConfig
+    from adapters.mock_provider.config import MockProviderConfig
 
 
 def _wire(batch: Batch) -> str:

@@ -13,7 +13,8 @@ from typing import Any
 import anyio
 import httpx
 
-from adapters.mock_provider.server import MockProviderConfig, MockProviderServer
+from adapters.mock_provider.config import MockProviderConfig
+from adapters.mock_provider.server import MockProviderServer
 
 
 class MockProviderAddress:

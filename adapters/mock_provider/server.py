@@ -36,17 +36,13 @@ at once, so `in_flight` is what the provider would really be serving.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
-import signal
 import socket
-import sys
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qs
@@ -66,6 +62,7 @@ from adapters.mock_provider.answers import (
     request_prompt,
 )
 from adapters.mock_provider.batches import BatchStore
+from adapters.mock_provider.config import MockProviderConfig
 from adapters.mock_provider.gemini_batches import GeminiBatchRoutes
 from adapters.mock_provider.wire import (
     Answered,
@@ -79,38 +76,6 @@ from adapters.mock_provider.wire import (
 )
 
 _GEMINI_PATH = re.compile(r"^/(?:upload/|download/)?v1[a-z0-9]*/(.+)$")
-FAULT_KINDS = ("429", "408", "500", "502", "503", "529", "hang", "malformed")
-
-
-@dataclass
-class MockProviderConfig:
-    host: str = "127.0.0.1"
-    port: int = 0
-    latency: float = 0.0
-    jitter: float = 0.0
-    max_concurrency: int | None = None
-    concurrency_retry_after: float = 1.0
-    rpm: int | None = None
-    rpm_window: float = 60.0  # seconds the `rpm` and `tpm` caps count over (tests shorten it)
-    tpm: int | None = None  # tokens admitted per window (a call: its prompt + max_tokens)
-    rpm_model: str | None = None  # the `rpm` cap counts and limits this model's calls only
-    # Rate-limit headers as an OpenAI-compatible proxy (LiteLLM) sends them: answers say the limit
-    # and what is left without a reset; a 429 has no retry-after, only the upstream's wait
-    # passed on as `llm_provider-retry-after` (the whole window).
-    proxy_headers: bool = False
-    fault_rates: dict[str, float] = field(default_factory=dict)
-    seed: int = 0
-    hang_seconds: float = 60.0
-    batch_latency: float = 0.5
-    # Batch faults (see `batches.py` for the per-prompt directives).
-    batch_finalize_seconds: float = 0.0
-    batch_create_stall: float = 0.0
-    batch_results_stall: float = 0.0
-    batch_expire_rate: float = 0.0
-    batch_fail_rate: float = 0.0
-    batch_line_error_rate: float = 0.0
-    batch_cancel_ended_refused: bool = False  # a cancel of an ended batch answers 400
-    backlog: int = 1024
 
 
 class ClientGone(Exception):
@@ -549,121 +514,3 @@ def _rate_headers(wire: str, kind: str, limit: int, remaining: int, reset: float
         (f"anthropic-ratelimit-{kind}-remaining", str(remaining)),
         (f"anthropic-ratelimit-{kind}-reset", at.isoformat(timespec="milliseconds").replace("+00:00", "Z")),
     ]
-
-
-def parse_fault_rates(items: list[str]) -> dict[str, float]:
-    rates: dict[str, float] = {}
-    for item in items:
-        kind, sep, value = item.partition("=")
-        if not sep or kind not in FAULT_KINDS:
-            raise ValueError(f"--fault-rate {item!r}: expected KIND=RATE with KIND one of {', '.join(FAULT_KINDS)}")
-        try:
-            rate = float(value)
-        except ValueError:
-            raise ValueError(f"--fault-rate {item!r}: {value!r} is not a number") from None
-        if not 0 <= rate <= 1:
-            raise ValueError(f"--fault-rate {item!r}: rate must be between 0 and 1")
-        rates[kind] = rate
-    return rates
-
-
-# What `--help` says the mock is (`python -m adapters.mock_provider` and `ledger mock-provider`).
-DESCRIPTION = (
-    "A mock LLM provider over real HTTP for keyless runs: OpenAI (chat, Responses, files, batches; "
-    "also at Azure's paths), Anthropic and Gemini wire formats, with latency, caps and faults."
-)
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    def add_usage(self, usage: Any, actions: Any, groups: Any, prefix: str | None = None) -> None:
-        super().add_usage(usage, actions, groups, prefix="Usage: ")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ledger mock-provider",
-        usage="%(prog)s [OPTIONS]",
-        description=DESCRIPTION,
-        formatter_class=_HelpFormatter,
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8089, help="port (0: a free one, named on the first line)")
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds each call takes")
-    parser.add_argument("--jitter", type=float, default=0.0, help="up to this many seconds more, at random")
-    parser.add_argument(
-        "--max-concurrency", type=int, default=None, help="calls served at once; more get 429 with retry-after"
-    )
-    parser.add_argument("--rpm", type=int, default=None, help="requests per window; answers say what is left")
-    parser.add_argument("--tpm", type=int, default=None, help="tokens answered per window; answers say what is left")
-    parser.add_argument("--rpm-window", type=float, default=60.0, help="seconds the --rpm and --tpm caps count over")
-    parser.add_argument("--rpm-model", default=None, help="the --rpm cap limits this model's calls only")
-    parser.add_argument(
-        "--proxy-headers",
-        action="store_true",
-        help="rate-limit headers as a LiteLLM proxy's: no reset; 429s with llm_provider-retry-after",
-    )
-    parser.add_argument(
-        "--fault-rate", action="append", default=[], help="KIND=RATE, repeatable: share of calls failing with KIND"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random faults and jitter")
-    parser.add_argument("--batch-latency", type=float, default=0.5, help="seconds a batch stays in progress")
-    parser.add_argument("--batch-finalize-seconds", type=float, default=0.0, help="then finalizing this long")
-    parser.add_argument("--batch-create-stall", type=float, default=0.0, help="create answers this late")
-    parser.add_argument("--batch-results-stall", type=float, default=0.0, help="downloads pause half-way")
-    parser.add_argument("--batch-expire-rate", type=float, default=0.0, help="share of batches that expire")
-    parser.add_argument("--batch-fail-rate", type=float, default=0.0, help="share failing validation")
-    parser.add_argument("--batch-line-error-rate", type=float, default=0.0, help="share of lines answering 500")
-    parser.add_argument(
-        "--batch-cancel-ended-refused", action="store_true", help="a cancel of an ended batch answers 400"
-    )
-    args = parser.parse_args(argv)
-    try:
-        faults = parse_fault_rates(args.fault_rate)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    config = MockProviderConfig(
-        host=args.host,
-        port=args.port,
-        latency=args.latency,
-        jitter=args.jitter,
-        max_concurrency=args.max_concurrency,
-        rpm=args.rpm,
-        rpm_window=args.rpm_window,
-        tpm=args.tpm,
-        rpm_model=args.rpm_model,
-        proxy_headers=args.proxy_headers,
-        fault_rates=faults,
-        seed=args.seed,
-        batch_latency=args.batch_latency,
-        batch_finalize_seconds=args.batch_finalize_seconds,
-        batch_create_stall=args.batch_create_stall,
-        batch_results_stall=args.batch_results_stall,
-        batch_expire_rate=args.batch_expire_rate,
-        batch_fail_rate=args.batch_fail_rate,
-        batch_line_error_rate=args.batch_line_error_rate,
-        batch_cancel_ended_refused=args.batch_cancel_ended_refused,
-    )
-    return serve_until_stopped(config)
-
-
-def serve_until_stopped(config: MockProviderConfig) -> int:
-    """Serve until SIGTERM or SIGINT, after one line on stdout naming the URL (its port when 0 was
-    asked). Returns the exit status: 2 when the address cannot be listened on."""
-    server = MockProviderServer(config)
-
-    async def run() -> None:
-        async with anyio.create_task_group() as tg:
-            port = await tg.start(server.serve)
-            print(f"mock provider listening on http://{config.host}:{port}", flush=True)
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for _ in signals:
-                    tg.cancel_scope.cancel()
-                    return
-
-    try:
-        anyio.run(run)
-    except OSError as exc:
-        print(f"error: cannot listen on {config.host}:{config.port}: {exc.strerror}", file=sys.stderr)
-        return 2
-    return 0
