@@ -138,7 +138,8 @@ def test_cancel_a_batch_keeps_what_finished_and_cancels_the_rest(
 ) -> None:
     log = tmp_path / "daemon.log"
     canceling, canceled = CANCELING[provider]
-    with mock_provider("--batch-latency", "4", "--batch-finalize-seconds", "0.5") as mock:
+    # A batch long in progress (the cancel must find it running, however slowly the daemon starts).
+    with mock_provider("--batch-latency", "20", "--batch-finalize-seconds", "0.5") as mock:
         env = ledger_env(sqlite_url, mock, **BATCH_ENV)
         enqueue_batch(env, tmp_path, 40, provider)
         daemon = start_daemon(env, log, "--until-idle")

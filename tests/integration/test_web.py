@@ -395,29 +395,46 @@ def test_the_spend_thread_stops_with_the_app(
     assert spend_threads() == []
 
 
+class Kept(logging.Handler):
+    """The records of one logger, whatever handlers an earlier test gave the ledger's loggers
+    (the ledger's own logging does not propagate to the root, where caplog listens)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def test_a_schema_dropped_under_the_app_costs_a_warning_not_a_crashed_thread(
-    pg_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    pg_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     crashed: list[Any] = []
     monkeypatch.setattr(threading, "excepthook", crashed.append)
+    kept, web_log = Kept(), logging.getLogger("ledger.web")
+    web_log.addHandler(kept)
+    monkeypatch.setattr(web_log, "level", logging.WARNING)
+    monkeypatch.setattr(web_log, "disabled", False)
+    monkeypatch.setattr(logging.root.manager, "disable", logging.NOTSET)
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_server.dsn, autocommit=True, connect_timeout=5) as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
         url = pg_server.schema_url(schema)
         store = Store(url)
         settings = load_settings(_env_file=None, LEDGER_DATABASE_URL=url)
-        with (
-            caplog.at_level(logging.WARNING, logger="ledger.web"),
-            TestClient(create_app(store, settings, WebConfig(hosts=HOSTS))),
-        ):
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
-            deadline = time.monotonic() + 60
-            while not crashed and not [r for r in caplog.records if r.name == "ledger.web"]:
-                assert time.monotonic() < deadline, "the spend thread neither warned nor crashed"
-                time.sleep(0.05)
+        try:
+            with TestClient(create_app(store, settings, WebConfig(hosts=HOSTS))):
+                admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+                deadline = time.monotonic() + 60
+                while not crashed and not kept.records:
+                    assert time.monotonic() < deadline, "the spend thread neither warned nor crashed"
+                    time.sleep(0.05)
+        finally:
+            web_log.removeHandler(kept)
         store.close()
     assert crashed == [] and spend_threads() == []
-    (warning,) = [r for r in caplog.records if r.name == "ledger.web"]
+    (warning,) = kept.records
     assert warning.levelno == logging.WARNING and "spend not summed" in warning.getMessage()
     assert len(warning.getMessage().splitlines()) == 1
 
