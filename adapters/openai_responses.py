@@ -17,16 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from adapters.base import (
-    CallRequest,
-    CallResult,
-    ToolCall,
-    arguments_text,
-    joined,
-    malformed,
-    raise_error_in_body,
-    token_count,
-)
+from adapters.base import CallRequest, CallResult, ToolCall, arguments_text, joined, token_count
+from adapters.errors import malformed, raise_error_in_body
 from adapters.token_limit import OUTPUT_LIMIT_NAMES, output_limit, spare_limits
 from adapters.translation import Untranslatable
 

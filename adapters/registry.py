@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from adapters.base import Adapter, BatchAdapter, CallRequest
+    from adapters.base import Adapter, CallRequest
+    from adapters.batch_interface import BatchAdapter
     from ledger.settings import Settings
 
 PROVIDER_NAMES = frozenset({"openai", "anthropic", "azure", "gemini", "openai-compatible", "mock"})
