@@ -365,6 +365,27 @@ def content_result(body: Any, status_code: int = 200, body_text: str | None = No
         body = {}
     candidates = body.get("candidates") or []
     candidate = candidates[0] if candidates and isinstance(candidates[0], dict) else {}
+    texts, thoughts, calls = _candidate_parts(candidate)
+    finish, said = _finish(body, candidate, calls)
+    prompt, output, cached, thought_tokens = _usage(body.get("usageMetadata") or {})
+    return CallResult(
+        "".join(texts),
+        prompt,
+        output,
+        status_code,
+        finish_reason=finish,
+        provider_finish_reason=said if isinstance(said, str) else None,
+        tool_calls=tuple(calls),
+        thinking=joined(thoughts),
+        cached_input_tokens=cached,
+        reasoning_tokens=thought_tokens,
+        response=body,
+        response_text=body_text,
+    )
+
+
+def _candidate_parts(candidate: dict[str, Any]) -> tuple[list[str], list[str], list[ToolCall]]:
+    """(text parts, thought parts, function calls) of a candidate's content."""
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[ToolCall] = []
@@ -379,16 +400,24 @@ def content_result(body: Any, status_code: int = 200, body_text: str | None = No
             thoughts.append(str(part.get("text") or ""))
         elif "text" in part:
             texts.append(str(part.get("text") or ""))
+    return texts, thoughts, calls
+
+
+def _finish(body: dict[str, Any], candidate: dict[str, Any], calls: list[ToolCall]) -> tuple[str | None, Any]:
+    """(why the answer ended in the ledger's words, Gemini's own word): the candidate's
+    `finishReason`, or the prompt's `blockReason` when no candidate came."""
     said = candidate.get("finishReason")
     blocked = (body.get("promptFeedback") or {}).get("blockReason")
-    finish: str | None
-    if not candidates and isinstance(blocked, str):
-        finish, said = "content_filter", blocked
-    elif calls and said in (None, "STOP"):
-        finish = "tool_calls"
-    else:
-        finish = finish_reason(said, _FINISH) or ("stop" if candidate else None)
-    usage = body.get("usageMetadata") or {}
+    if not body.get("candidates") and isinstance(blocked, str):
+        return "content_filter", blocked
+    if calls and said in (None, "STOP"):
+        return "tool_calls", said
+    return finish_reason(said, _FINISH) or ("stop" if candidate else None), said
+
+
+def _usage(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
+    """(input, output, cached input, thought) tokens of `usageMetadata`: input with the tool-use
+    prompt's, output with the thoughts'."""
     prompt = token_count(usage.get("promptTokenCount"))
     tool_prompt = token_count(usage.get("toolUsePromptTokenCount")) or 0
     answer = token_count(usage.get("candidatesTokenCount"))
@@ -397,17 +426,4 @@ def content_result(body: Any, status_code: int = 200, body_text: str | None = No
     thought_tokens = token_count(usage.get("thoughtsTokenCount")) or none
     cached = token_count(usage.get("cachedContentTokenCount")) or none
     output = None if answer is None and thought_tokens is None else (answer or 0) + (thought_tokens or 0)
-    return CallResult(
-        "".join(texts),
-        None if prompt is None else prompt + tool_prompt,
-        output,
-        status_code,
-        finish_reason=finish,
-        provider_finish_reason=said if isinstance(said, str) else None,
-        tool_calls=tuple(calls),
-        thinking=joined(thoughts),
-        cached_input_tokens=cached,
-        reasoning_tokens=thought_tokens,
-        response=body,
-        response_text=body_text,
-    )
+    return None if prompt is None else prompt + tool_prompt, output, cached, thought_tokens
