@@ -21,12 +21,10 @@ from adapters.base import (
     finish_reason,
     joined,
     json_body,
-    malformed,
-    raise_error_in_body,
-    sdk_errors,
     token_count,
     with_rate_limits,
 )
+from adapters.errors import malformed, raise_error_in_body, sdk_errors
 
 
 class AnthropicAdapter:

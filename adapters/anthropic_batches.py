@@ -19,19 +19,10 @@ from anthropic.types.messages import MessageBatch
 
 from adapters.anthropic import message_result
 from adapters.anthropic_format import messages_body
-from adapters.base import (
-    BatchLayout,
-    BatchLine,
-    BatchRejection,
-    BatchTag,
-    CallRequest,
-    ProviderBatch,
-    ReconcileLater,
-    compact_json,
-    json_and_text_at,
-    nonblank_lines,
-    sdk_errors,
-)
+from adapters.base import CallRequest
+from adapters.batch_interface import BatchLayout, BatchLine, BatchTag, ProviderBatch, ReconcileLater
+from adapters.errors import BatchRejection, sdk_errors
+from adapters.json_lines import compact_json, json_and_text_at, nonblank_lines
 
 # The provider's own limits per batch (https://docs.anthropic.com/en/docs/build-with-claude/batch-processing).
 MAX_REQUESTS = 100_000

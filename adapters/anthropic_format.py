@@ -1,6 +1,6 @@
 """Anthropic's Messages wire format, both ways, with no SDK import: enqueue reads Messages bodies
 with it (`line_fields`), the online and batch adapters write requests with it (`messages_body`),
-and the other providers' writers read Anthropic's blocks with it (`chat_conversation`).
+and `anthropic_blocks` reads Anthropic's blocks for the other providers' writers.
 
 A Messages line is stored as given: its messages (blocks, `cache_control` marks, `tool_use` and
 `tool_result` blocks), its system (a string or a list of blocks), its parameters; only a JSON
@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from adapters.anthropic_blocks import BLOCK_TYPES
 from adapters.base import CallRequest
+from adapters.gemini_parts import chat_conversation as gemini_chat
 from adapters.token_limit import OUTPUT_LIMIT_NAMES, output_limit, spare_limits
-from adapters.translation import Untranslatable, arguments_object, arguments_text, data_url, text_of
+from adapters.translation import Untranslatable, arguments_object, data_url
 
 PROVIDER: Final = "anthropic"
 DEFAULT_MAX_TOKENS: Final = 1024
@@ -42,21 +44,6 @@ MESSAGES_PARAMS: Final = frozenset(
         "tools",
         "user_profile_id",
         "workspace_id",
-    }
-)
-# Block types only Anthropic writes: a message holding one is in Anthropic's words.
-BLOCK_TYPES: Final = frozenset(
-    {
-        "tool_use",
-        "tool_result",
-        "image",
-        "document",
-        "thinking",
-        "redacted_thinking",
-        "search_result",
-        "server_tool_use",
-        "web_search_tool_result",
-        "container_upload",
     }
 )
 # Body keys of a Messages line that are not parameters.
@@ -125,9 +112,7 @@ def _conversation(
     system: Any, messages: list[dict[str, Any]], dropped: list[str] | None
 ) -> tuple[Any, list[dict[str, Any]]]:
     if any(_gemini_shaped(m) for m in messages):
-        from adapters.gemini_format import chat_conversation  # only for Gemini's parts: no import loop
-
-        messages = chat_conversation(messages, PROVIDER, dropped)
+        messages = gemini_chat(messages, PROVIDER, dropped)
     systems: list[Any] = [system] if system else []
     out: list[dict[str, Any]] = []
     results_turn: dict[str, Any] | None = None  # the user turn holding the latest tool results
@@ -337,92 +322,3 @@ def _gemini_choice(config: Any) -> dict[str, Any]:
     if mode in ("AUTO", "ANY", "NONE") and not (mode == "ANY" and names):
         return {"type": mode.lower()}
     raise Untranslatable("params.toolConfig", PROVIDER, f"has no tool choice like Gemini's mode {mode} {names}")
-
-
-# -- Anthropic's blocks in OpenAI's words, for the other providers' writers --------------------
-
-
-def chat_conversation(
-    system: Any, messages: list[dict[str, Any]], provider: str, dropped: list[str] | None
-) -> tuple[str | None, list[dict[str, Any]]]:
-    """A stored system and messages with every Anthropic block in OpenAI chat's words (`tool_use`
-    blocks as `tool_calls`, `tool_result` blocks as `tool` messages, images as `image_url`
-    parts); `cache_control` marks are left out and named. What chat cannot say is refused."""
-    text = _system_text(system, dropped) if isinstance(system, list) else system
-    out: list[dict[str, Any]] = []
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if type(content) is not list or not any(_anthropic_block(p) for p in content):
-            out.append(message)
-        elif message.get("role") == "assistant":
-            out.append(_chat_assistant(content, f"messages[{i}]", provider, dropped))
-        else:
-            out.extend(_chat_user(message, f"messages[{i}]", provider, dropped))
-    return text, out
-
-
-def _anthropic_block(part: Any) -> bool:
-    return isinstance(part, dict) and (part.get("type") in BLOCK_TYPES or "cache_control" in part)
-
-
-def _system_text(blocks: list[Any], dropped: list[str] | None) -> str:
-    if dropped is not None and any(isinstance(b, dict) and "cache_control" in b for b in blocks):
-        dropped.append("cache_control")
-    return text_of(blocks)
-
-
-def _chat_assistant(blocks: list[Any], where: str, provider: str, dropped: list[str] | None) -> dict[str, Any]:
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for j, block in enumerate(blocks):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            texts.append(str(block.get("text") or ""))
-            if dropped is not None and "cache_control" in block:
-                dropped.append("cache_control")
-        elif kind == "tool_use":
-            function = {"name": block.get("name"), "arguments": arguments_text(block.get("input") or {})}
-            calls.append({"id": block.get("id"), "type": "function", "function": function})
-        else:
-            raise Untranslatable(f"{where}.content[{j}].type", provider, f"has no {kind!r} block in an assistant turn")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if calls:
-        message["tool_calls"] = calls
-    return message
-
-
-def _chat_user(message: dict[str, Any], where: str, provider: str, dropped: list[str] | None) -> list[dict[str, Any]]:
-    results: list[dict[str, Any]] = []
-    parts: list[dict[str, Any]] = []
-    for j, block in enumerate(message["content"]):
-        at = f"{where}.content[{j}]"
-        if not isinstance(block, dict):
-            raise Untranslatable(at, provider, "takes content parts only as objects")
-        if dropped is not None and "cache_control" in block:
-            dropped.append("cache_control")
-        kind = block.get("type")
-        if kind == "tool_result":
-            if block.get("is_error"):
-                raise Untranslatable(f"{at}.is_error", provider, "has no error mark for a tool result")
-            content = block.get("content")
-            text = content if isinstance(content, str) else text_of(content)
-            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
-        elif kind == "text":
-            parts.append({"type": "text", "text": str(block.get("text") or "")})
-        elif kind == "image":
-            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, at, provider)}})
-        else:
-            raise Untranslatable(f"{at}.type", provider, f"has no {kind!r} block")
-    if parts:
-        plain = all(p["type"] == "text" for p in parts)
-        results.append({"role": "user", "content": "".join(p["text"] for p in parts) if plain else parts})
-    return results
-
-
-def _image_url(block: dict[str, Any], where: str, provider: str) -> str:
-    source = block.get("source") or {}
-    if source.get("type") == "url":
-        return str(source.get("url"))
-    if source.get("type") == "base64":
-        return f"data:{source.get('media_type')};base64,{source.get('data')}"
-    raise Untranslatable(f"{where}.source", provider, f"has no {source.get('type')!r} image source")

@@ -21,7 +21,8 @@ from typing import Final
 import openai
 
 from adapters.azure import azure_client, priced_by_answer
-from adapters.base import BatchLine, BatchTag, ProviderBatch, ProviderError, sdk_errors
+from adapters.batch_interface import BatchLine, BatchTag, ProviderBatch
+from adapters.errors import ProviderError, sdk_errors
 from adapters.openai_batches import OpenAIBatches, batch_view
 
 LOG = logging.getLogger("adapters.azure_batches")

@@ -27,18 +27,10 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from adapters.base import (
-    CallRequest,
-    CallResult,
-    ProviderError,
-    RateLimits,
-    classify_status,
-    connection_failure,
-    json_body,
-    malformed,
-    raise_error_in_body,
-)
+from adapters.base import CallRequest, CallResult, json_body
+from adapters.errors import ProviderError, classify_status, connection_failure, malformed, raise_error_in_body
 from adapters.gemini_format import content_result, wire_request
+from adapters.rate_limits import RateLimits
 
 # Where Gemini's daily quotas reset (https://ai.google.dev/gemini-api/docs/rate-limits).
 QUOTA_DAY_ZONE = "America/Los_Angeles"

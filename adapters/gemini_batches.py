@@ -23,18 +23,12 @@ from typing import Any
 
 from google.genai import types as genai_types
 
-from adapters.base import (
-    RETRYABLE_STATUS,
-    BatchLayout,
-    BatchLine,
-    BatchTag,
-    CallRequest,
-    ProviderBatch,
-    compact_json,
-    json_and_text_at,
-)
+from adapters.base import CallRequest
+from adapters.batch_interface import BatchLayout, BatchLine, BatchTag, ProviderBatch
+from adapters.errors import RETRYABLE_STATUS
 from adapters.gemini import gemini_client, gemini_errors, gemini_failure
 from adapters.gemini_format import content_result, wire_request
+from adapters.json_lines import compact_json, json_and_text_at
 
 # The provider's limits per batch input file (https://ai.google.dev/gemini-api/docs/batch-mode).
 MAX_BYTES = 2 * 1024 * 1024 * 1024

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.anthropic_format import BLOCK_TYPES as ANTHROPIC_BLOCKS
-from adapters.anthropic_format import chat_conversation as anthropic_chat
+from adapters.anthropic_blocks import BLOCK_TYPES as ANTHROPIC_BLOCKS
+from adapters.anthropic_blocks import chat_conversation as anthropic_chat
 from adapters.base import CallRequest, CallResult, ToolCall, finish_reason, joined, token_count
 from adapters.base import arguments_text as answer_arguments
 from adapters.token_limit import OUTPUT_LIMIT_NAMES, output_limit, spare_limits
-from adapters.translation import Untranslatable, arguments_object, arguments_text, data_url
+from adapters.translation import Untranslatable, arguments_object, data_url
 
 # The ledger's params (OpenAI's names) and their `generationConfig` names.
 _TO_CONFIG = {
@@ -247,70 +247,6 @@ def _tool_config(choice: Any) -> dict[str, Any]:
     raise Untranslatable("params.tool_choice", PROVIDER, f"has no tool choice {choice!r}")
 
 
-# -- Gemini's parts in OpenAI's words, for the other providers' writers -----------------------
-
-
-def chat_conversation(messages: list[dict[str, Any]], provider: str, dropped: list[str] | None) -> list[dict[str, Any]]:
-    """Stored messages with every Gemini part in OpenAI chat's words: `functionCall` parts as
-    `tool_calls` (ids as Gemini gave them, else `call_N`), `functionResponse` parts as `tool`
-    messages answering them, inline images as `image_url` data. What chat cannot say is refused."""
-    out: list[dict[str, Any]] = []
-    pending: list[tuple[str, str]] = []  # (id, name) of the calls not answered yet
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if type(content) is not list or all(isinstance(p, dict) and "type" in p for p in content):
-            out.append(message)
-            continue
-        texts: list[dict[str, Any]] = []
-        calls: list[dict[str, Any]] = []
-        for j, part in enumerate(content):
-            at = f"messages[{i}].content[{j}]"
-            if not isinstance(part, dict):
-                raise Untranslatable(at, provider, "takes content parts only as objects")
-            if dropped is not None and "thoughtSignature" in part:
-                dropped.append("thoughtSignature")
-            if "functionCall" in part:
-                call = part["functionCall"]
-                call_id = str(call.get("id") or f"call_{len(pending) + len(calls)}")
-                function = {"name": call.get("name"), "arguments": arguments_text(call.get("args") or {})}
-                calls.append({"id": call_id, "type": "function", "function": function})
-            elif "functionResponse" in part:
-                out.append(_tool_message(part["functionResponse"], pending))
-            elif "text" in part and not part.get("thought"):
-                texts.append({"type": "text", "text": str(part["text"])})
-            elif "inlineData" in part:
-                data = part["inlineData"]
-                url = f"data:{data.get('mimeType')};base64,{data.get('data')}"
-                texts.append({"type": "image_url", "image_url": {"url": url}})
-            elif "type" not in part:
-                raise Untranslatable(at, provider, f"has no part like Gemini's {sorted(part)[0]!r}")
-            else:
-                texts.append(part)
-        pending.extend((c["id"], c["function"]["name"]) for c in calls)
-        out.extend(_chat_turn(message.get("role"), texts, calls))
-    return out
-
-
-def _tool_message(response: dict[str, Any], pending: list[tuple[str, str]]) -> dict[str, Any]:
-    name = response.get("name")
-    found = next((p for p in pending if response.get("id") in (p[0], None) and p[1] == name), None)
-    if found is not None:
-        pending.remove(found)
-    call_id = str(response.get("id") or (found[0] if found else name))
-    said = response.get("response")
-    text = said["result"] if isinstance(said, dict) and set(said) == {"result"} else arguments_text(said or {})
-    return {"role": "tool", "tool_call_id": call_id, "content": str(text)}
-
-
-def _chat_turn(role: Any, parts: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    plain = all(p.get("type") == "text" for p in parts)
-    content: Any = "".join(str(p.get("text")) for p in parts) if plain else parts
-    if role == "assistant":
-        turn: dict[str, Any] = {"role": "assistant", "content": content or None}
-        return [turn | ({"tool_calls": calls} if calls else {})]
-    return [{"role": "user", "content": content}] if parts else []
-
-
 # -- a Gemini batch-input line, read at enqueue ----------------------------------------------
 
 
@@ -429,6 +365,27 @@ def content_result(body: Any, status_code: int = 200, body_text: str | None = No
         body = {}
     candidates = body.get("candidates") or []
     candidate = candidates[0] if candidates and isinstance(candidates[0], dict) else {}
+    texts, thoughts, calls = _candidate_parts(candidate)
+    finish, said = _finish(body, candidate, calls)
+    prompt, output, cached, thought_tokens = _usage(body.get("usageMetadata") or {})
+    return CallResult(
+        "".join(texts),
+        prompt,
+        output,
+        status_code,
+        finish_reason=finish,
+        provider_finish_reason=said if isinstance(said, str) else None,
+        tool_calls=tuple(calls),
+        thinking=joined(thoughts),
+        cached_input_tokens=cached,
+        reasoning_tokens=thought_tokens,
+        response=body,
+        response_text=body_text,
+    )
+
+
+def _candidate_parts(candidate: dict[str, Any]) -> tuple[list[str], list[str], list[ToolCall]]:
+    """(text parts, thought parts, function calls) of a candidate's content."""
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[ToolCall] = []
@@ -443,16 +400,24 @@ def content_result(body: Any, status_code: int = 200, body_text: str | None = No
             thoughts.append(str(part.get("text") or ""))
         elif "text" in part:
             texts.append(str(part.get("text") or ""))
+    return texts, thoughts, calls
+
+
+def _finish(body: dict[str, Any], candidate: dict[str, Any], calls: list[ToolCall]) -> tuple[str | None, Any]:
+    """(why the answer ended in the ledger's words, Gemini's own word): the candidate's
+    `finishReason`, or the prompt's `blockReason` when no candidate came."""
     said = candidate.get("finishReason")
     blocked = (body.get("promptFeedback") or {}).get("blockReason")
-    finish: str | None
-    if not candidates and isinstance(blocked, str):
-        finish, said = "content_filter", blocked
-    elif calls and said in (None, "STOP"):
-        finish = "tool_calls"
-    else:
-        finish = finish_reason(said, _FINISH) or ("stop" if candidate else None)
-    usage = body.get("usageMetadata") or {}
+    if not body.get("candidates") and isinstance(blocked, str):
+        return "content_filter", blocked
+    if calls and said in (None, "STOP"):
+        return "tool_calls", said
+    return finish_reason(said, _FINISH) or ("stop" if candidate else None), said
+
+
+def _usage(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
+    """(input, output, cached input, thought) tokens of `usageMetadata`: input with the tool-use
+    prompt's, output with the thoughts'."""
     prompt = token_count(usage.get("promptTokenCount"))
     tool_prompt = token_count(usage.get("toolUsePromptTokenCount")) or 0
     answer = token_count(usage.get("candidatesTokenCount"))
@@ -461,17 +426,4 @@ def content_result(body: Any, status_code: int = 200, body_text: str | None = No
     thought_tokens = token_count(usage.get("thoughtsTokenCount")) or none
     cached = token_count(usage.get("cachedContentTokenCount")) or none
     output = None if answer is None and thought_tokens is None else (answer or 0) + (thought_tokens or 0)
-    return CallResult(
-        "".join(texts),
-        None if prompt is None else prompt + tool_prompt,
-        output,
-        status_code,
-        finish_reason=finish,
-        provider_finish_reason=said if isinstance(said, str) else None,
-        tool_calls=tuple(calls),
-        thinking=joined(thoughts),
-        cached_input_tokens=cached,
-        reasoning_tokens=thought_tokens,
-        response=body,
-        response_text=body_text,
-    )
+    return None if prompt is None else prompt + tool_prompt, output, cached, thought_tokens

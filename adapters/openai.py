@@ -19,12 +19,10 @@ from adapters.base import (
     arguments_text,
     finish_reason,
     json_body,
-    malformed,
-    raise_error_in_body,
-    sdk_errors,
     token_count,
     with_rate_limits,
 )
+from adapters.errors import malformed, raise_error_in_body, sdk_errors
 from adapters.openai_chat import chat_body
 from adapters.openai_responses import RESPONSES_API, responses_body, responses_result
 from adapters.token_limit import output_limit

@@ -13,20 +13,10 @@ from typing import Any, Final
 
 import openai
 
-from adapters.base import (
-    RETRYABLE_STATUS,
-    BatchLayout,
-    BatchLine,
-    BatchRejection,
-    BatchTag,
-    CallRequest,
-    ProviderBatch,
-    ProviderError,
-    compact_json,
-    json_and_text_at,
-    nonblank_lines,
-    sdk_errors,
-)
+from adapters.base import CallRequest
+from adapters.batch_interface import BatchLayout, BatchLine, BatchTag, ProviderBatch
+from adapters.errors import RETRYABLE_STATUS, BatchRejection, ProviderError, sdk_errors
+from adapters.json_lines import compact_json, json_and_text_at, nonblank_lines
 from adapters.openai import completion_result
 from adapters.openai_chat import chat_body
 from adapters.openai_responses import ENDPOINT as RESPONSES_ENDPOINT

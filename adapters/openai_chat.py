@@ -3,7 +3,7 @@ request, for online calls and batch lines alike (`chat_body`), and the check enq
 
 A chat line is stored as given, so written back for OpenAI it is the same request. A request in
 Anthropic's or Gemini's words is translated here (their blocks and parts by
-`anthropic_format.chat_conversation` and `gemini_format.chat_conversation`; their tools and tool
+`anthropic_blocks.chat_conversation` and `gemini_parts.chat_conversation`; their tools and tool
 choices below). OpenAI and Azure get only the parameters OpenAI's `CompletionCreateParams` has
 (the others are left out and named) and the output limit as `max_completion_tokens`, never beside
 `max_tokens`; an OpenAI-compatible server gets every parameter as given (servers differ), its
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from adapters.anthropic_format import chat_conversation as anthropic_chat
+from adapters.anthropic_blocks import chat_conversation as anthropic_chat
 from adapters.base import CallRequest
-from adapters.gemini_format import chat_conversation as gemini_chat
+from adapters.gemini_parts import chat_conversation as gemini_chat
 from adapters.token_limit import OUTPUT_LIMIT_NAMES
 from adapters.translation import Untranslatable
 

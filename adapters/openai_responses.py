@@ -15,18 +15,11 @@ reasoning summaries are thinking; `status: incomplete` for `max_output_tokens` i
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Final
 
-from adapters.base import (
-    CallRequest,
-    CallResult,
-    ToolCall,
-    arguments_text,
-    joined,
-    malformed,
-    raise_error_in_body,
-    token_count,
-)
+from adapters.base import CallRequest, CallResult, ToolCall, arguments_text, joined, token_count
+from adapters.errors import malformed, raise_error_in_body
 from adapters.token_limit import OUTPUT_LIMIT_NAMES, output_limit, spare_limits
 from adapters.translation import Untranslatable
 
@@ -187,11 +180,43 @@ def responses_result(data: Any, status_code: int = 200, body_text: str | None = 
     raise_error_in_body(data, status_code)
     if not isinstance(data, dict) or not isinstance(data.get("output"), list):
         raise malformed("response has no output list", status_code)
-    texts: list[str] = []
-    refusals: list[str] = []
-    thoughts: list[str] = []
-    calls: list[ToolCall] = []
-    for item in data["output"]:
+    said = _output_said(data["output"])
+    finish, provider_finish = _finish(data, said)
+    usage = data.get("usage") or {}
+    input_details = usage.get("input_tokens_details") or {}
+    output_details = usage.get("output_tokens_details") or {}
+    return CallResult(
+        "".join(said.texts),
+        token_count(usage.get("input_tokens")),
+        token_count(usage.get("output_tokens")),
+        status_code,
+        finish_reason=finish,
+        provider_finish_reason=provider_finish,
+        tool_calls=tuple(said.calls),
+        refusal=joined(said.refusals),
+        thinking=joined(said.thoughts),
+        cached_input_tokens=token_count(input_details.get("cached_tokens")),
+        reasoning_tokens=token_count(output_details.get("reasoning_tokens")),
+        response=data,
+        response_text=body_text,
+    )
+
+
+@dataclass
+class _OutputSaid:
+    """What an answer's output items say, by kind."""
+
+    texts: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+    thoughts: list[str] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+def _output_said(output: list[Any]) -> _OutputSaid:
+    """A message's `output_text` and `refusal` parts, function and custom tool calls, and the
+    reasoning items' summaries."""
+    said = _OutputSaid()
+    for item in output:
         if not isinstance(item, dict):
             continue
         kind = item.get("type")
@@ -200,12 +225,12 @@ def responses_result(data: Any, status_code: int = 200, body_text: str | None = 
                 if not isinstance(part, dict):
                     continue
                 if part.get("type") == "output_text":
-                    texts.append(str(part.get("text") or ""))
+                    said.texts.append(str(part.get("text") or ""))
                 elif part.get("type") == "refusal":
-                    refusals.append(str(part.get("refusal") or ""))
+                    said.refusals.append(str(part.get("refusal") or ""))
         elif kind in ("function_call", "custom_tool_call"):
             arguments = item.get("arguments", item.get("input"))
-            calls.append(
+            said.calls.append(
                 ToolCall(
                     str(item.get("call_id") or item.get("id") or ""),
                     str(item.get("name") or ""),
@@ -213,36 +238,25 @@ def responses_result(data: Any, status_code: int = 200, body_text: str | None = 
                 )
             )
         elif kind == "reasoning":
-            thoughts.extend(str(s.get("text") or "") for s in item.get("summary") or [] if isinstance(s, dict))
+            said.thoughts.extend(str(s.get("text") or "") for s in item.get("summary") or [] if isinstance(s, dict))
+    return said
+
+
+def _finish(data: dict[str, Any], said: _OutputSaid) -> tuple[str | None, str | None]:
+    """(why the answer ended in the ledger's words, the provider's own word): its `status`, or
+    for an incomplete one the reason it gives."""
     status = data.get("status")
     incomplete = data.get("incomplete_details") or {}
-    said = incomplete.get("reason") if status == "incomplete" and isinstance(incomplete, dict) else status
+    word = incomplete.get("reason") if status == "incomplete" and isinstance(incomplete, dict) else status
     finish: str | None
     if status == "incomplete":
-        finish = _INCOMPLETE.get(str(said), "other")
-    elif calls:
+        finish = _INCOMPLETE.get(str(word), "other")
+    elif said.calls:
         finish = "tool_calls"
-    elif refusals and not "".join(texts):
+    elif said.refusals and not "".join(said.texts):
         finish = "refusal"
     elif status == "completed":
         finish = "stop"
     else:
         finish = "other" if status else None
-    usage = data.get("usage") or {}
-    input_details = usage.get("input_tokens_details") or {}
-    output_details = usage.get("output_tokens_details") or {}
-    return CallResult(
-        "".join(texts),
-        token_count(usage.get("input_tokens")),
-        token_count(usage.get("output_tokens")),
-        status_code,
-        finish_reason=finish,
-        provider_finish_reason=str(said) if said else None,
-        tool_calls=tuple(calls),
-        refusal=joined(refusals),
-        thinking=joined(thoughts),
-        cached_input_tokens=token_count(input_details.get("cached_tokens")),
-        reasoning_tokens=token_count(output_details.get("reasoning_tokens")),
-        response=data,
-        response_text=body_text,
-    )
+    return finish, str(word) if word else None

@@ -1,31 +1,127 @@
-"""Which providers exist, and how to build an adapter for one.
+"""Which providers exist, and how to build an adapter for one: one record per provider
+(`PROVIDERS`) names its online adapter, its batch adapter and the check enqueue makes of its
+requests, and says which APIs and answer formats it serves.
 
-Kept apart from the adapters themselves so that validating a request (enqueue)
-never imports an SDK.
+The adapters and checks are named as `module:attribute` and imported on first use, so that
+validating a request (enqueue) never imports an SDK.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache, partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from adapters.base import Adapter, BatchAdapter, CallRequest
+    from adapters.base import Adapter, CallRequest
+    from adapters.batch_interface import BatchAdapter
     from ledger.settings import Settings
 
-PROVIDER_NAMES = frozenset({"openai", "anthropic", "azure", "gemini", "openai-compatible", "mock"})
+
+@dataclass(frozen=True)
+class Provider:
+    """What the ledger knows of one provider. `adapter` and `batches` (None: no batch API) are
+    classes built with the keyword arguments `config` reads from settings (the same for both:
+    one client configuration per provider); `check` is the pure check enqueue makes of a request
+    (None: requests are taken as given), `responses_check` the one for a request to OpenAI's
+    Responses API; `check_names_provider`: the check is shared by several providers and is told
+    which one it checks for. `responses_api`: its servers answer the Responses API.
+    `structured_output`: its adapter sends a JSON schema the model must follow (structured
+    batching, BATCHING_ENABLED, asks it for every dimension at once; the others get one request
+    per dimension), matching the adapter's `supports_structured_output`."""
+
+    adapter: str
+    config: Callable[[Settings], dict[str, Any]]
+    batches: str | None = None
+    check: str | None = None
+    responses_check: str | None = None
+    check_names_provider: bool = False
+    responses_api: bool = False
+    structured_output: bool = True
+
+
+def _openai_config(settings: Settings) -> dict[str, Any]:
+    return {"api_key": settings.openai_api_key, "base_url": settings.openai_base_url}
+
+
+def _anthropic_config(settings: Settings) -> dict[str, Any]:
+    return {"api_key": settings.anthropic_api_key, "base_url": settings.anthropic_base_url}
+
+
+def _azure_config(settings: Settings) -> dict[str, Any]:
+    return {
+        "endpoint": azure_endpoint(settings),
+        "api_key": settings.azure_api_key,
+        "api_version": settings.azure_api_version,
+    }
+
+
+def _gemini_config(settings: Settings) -> dict[str, Any]:
+    return {"api_key": gemini_key(settings), "base_url": settings.gemini_base_url}
+
+
+def _compatible_config(settings: Settings) -> dict[str, Any]:
+    if not settings.compatible_base_url:
+        raise ValueError("OPENAI_COMPATIBLE_BASE_URL must be set for provider 'openai-compatible'")
+    return {"api_key": settings.compatible_api_key, "base_url": settings.compatible_base_url}
+
+
+# OpenAI's wire format, which Azure and OpenAI-compatible servers share.
+_CHAT_CHECK = "adapters.openai_chat:check"
+_RESPONSES_CHECK = "adapters.openai_responses:check"
+PROVIDERS: dict[str, Provider] = {
+    "openai": Provider(
+        "adapters.openai:OpenAIAdapter",
+        _openai_config,
+        batches="adapters.openai_batches:OpenAIBatches",
+        check=_CHAT_CHECK,
+        responses_check=_RESPONSES_CHECK,
+        check_names_provider=True,
+        responses_api=True,
+    ),
+    "anthropic": Provider(
+        "adapters.anthropic:AnthropicAdapter",
+        _anthropic_config,
+        batches="adapters.anthropic_batches:AnthropicBatches",
+        check="adapters.anthropic_format:check",
+    ),
+    "azure": Provider(
+        "adapters.azure:AzureAdapter",
+        _azure_config,
+        batches="adapters.azure_batches:AzureBatches",
+        check=_CHAT_CHECK,
+        responses_check=_RESPONSES_CHECK,
+        check_names_provider=True,
+        responses_api=True,
+    ),
+    "gemini": Provider(
+        "adapters.gemini:GeminiAdapter",
+        _gemini_config,
+        batches="adapters.gemini_batches:GeminiBatches",
+        check="adapters.gemini_format:check",
+    ),
+    "openai-compatible": Provider(
+        "adapters.compatible:CompatibleAdapter",
+        _compatible_config,
+        check=_CHAT_CHECK,
+        responses_check=_RESPONSES_CHECK,
+        check_names_provider=True,
+        responses_api=True,
+        structured_output=False,
+    ),
+    "mock": Provider("adapters.mock:MockAdapter", lambda settings: {}, responses_api=True),
+}
+PROVIDER_NAMES = frozenset(PROVIDERS)
 # The APIs a request may name (`api`), and the providers whose servers answer OpenAI's Responses
 # API (vLLM and others serve `/v1/responses`).
 APIS = ("chat", "responses", "messages")
-RESPONSES_PROVIDERS = frozenset({"openai", "azure", "openai-compatible", "mock"})
+RESPONSES_PROVIDERS = frozenset(name for name, p in PROVIDERS.items() if p.responses_api)
 # Providers with a batch API; requests for the others with delivery=batch go online.
-BATCH_PROVIDERS = frozenset({"openai", "anthropic", "azure", "gemini"})
-# Providers whose adapter sends a JSON schema the model must follow: structured batching
-# (BATCHING_ENABLED) asks them for every dimension at once; the others get one request
-# per dimension (seed 000 FR-004). Matches each adapter's `supports_structured_output`.
-STRUCTURED_OUTPUT_PROVIDERS = frozenset({"openai", "anthropic", "azure", "gemini", "mock"})
+BATCH_PROVIDERS = frozenset(name for name, p in PROVIDERS.items() if p.batches is not None)
+STRUCTURED_OUTPUT_PROVIDERS = frozenset(name for name, p in PROVIDERS.items() if p.structured_output)
 # The providers' own endpoints, which refuse a call without a key: (the key's variable, the base
 # URL's variable, the host the SDK calls when that is unset). Azure's are the resource hosts
 # under these domains.
@@ -76,23 +172,12 @@ def wire_check(provider: str, api: str | None) -> Callable[[CallRequest], list[s
     """The pure check enqueue makes of a request for `provider` (SDK-free: the module that writes
     its body): the names of the parameters left out, or `Untranslatable` for what the provider's
     API cannot express. None: the provider takes requests as given (the in-process mock)."""
-    if provider == "anthropic":
-        from adapters.anthropic_format import check
-
-        return check
-    if provider == "gemini":
-        from adapters.gemini_format import check as gemini_check
-
-        return gemini_check
-    if provider == "mock":
+    entry = PROVIDERS[provider]
+    target = entry.responses_check if api == "responses" and entry.responses_check else entry.check
+    if target is None:
         return None
-    if api == "responses":
-        from adapters.openai_responses import check as responses_check
-
-        return partial(responses_check, provider=provider)
-    from adapters.openai_chat import check as chat_check
-
-    return partial(chat_check, provider=provider)
+    check = cast("Callable[..., list[str]]", _imported(target))
+    return partial(check, provider=provider) if entry.check_names_provider else check
 
 
 def make_adapter(provider: str, settings: Settings) -> Adapter:
@@ -101,58 +186,27 @@ def make_adapter(provider: str, settings: Settings) -> Adapter:
     missing = missing_key(provider, settings)
     if missing is not None:
         raise ValueError(missing)
-    if provider == "openai":
-        from adapters.openai import OpenAIAdapter
-
-        return OpenAIAdapter(api_key=settings.openai_api_key, base_url=settings.openai_base_url)
-    if provider == "anthropic":
-        from adapters.anthropic import AnthropicAdapter
-
-        return AnthropicAdapter(api_key=settings.anthropic_api_key, base_url=settings.anthropic_base_url)
-    if provider == "azure":
-        from adapters.azure import AzureAdapter
-
-        return AzureAdapter(
-            endpoint=azure_endpoint(settings), api_key=settings.azure_api_key, api_version=settings.azure_api_version
-        )
-    if provider == "gemini":
-        from adapters.gemini import GeminiAdapter
-
-        return GeminiAdapter(api_key=gemini_key(settings), base_url=settings.gemini_base_url)
-    if provider == "openai-compatible":
-        from adapters.compatible import CompatibleAdapter
-
-        if not settings.compatible_base_url:
-            raise ValueError("OPENAI_COMPATIBLE_BASE_URL must be set for provider 'openai-compatible'")
-        return CompatibleAdapter(api_key=settings.compatible_api_key, base_url=settings.compatible_base_url)
-    if provider == "mock":
-        from adapters.mock import MockAdapter
-
-        return MockAdapter()
-    raise ValueError(f"unknown provider {provider!r} (known: {', '.join(sorted(PROVIDER_NAMES))})")
+    entry = PROVIDERS.get(provider)
+    if entry is None:
+        raise ValueError(f"unknown provider {provider!r} (known: {', '.join(sorted(PROVIDER_NAMES))})")
+    config = entry.config(settings)
+    return cast("Adapter", _imported(entry.adapter)(**config))
 
 
 def make_batch_adapter(provider: str, settings: Settings) -> BatchAdapter:
     """The batch API of `provider` (one of BATCH_PROVIDERS), configured like its online adapter."""
-    if provider == "openai":
-        from adapters.openai_batches import OpenAIBatches
+    entry = PROVIDERS.get(provider)
+    if entry is None or entry.batches is None:
+        batch_providers = ", ".join(sorted(BATCH_PROVIDERS))
+        raise ValueError(f"provider {provider!r} has no batch API (batch providers: {batch_providers})")
+    config = entry.config(settings)
+    return cast("BatchAdapter", _imported(entry.batches)(**config))
 
-        return OpenAIBatches(api_key=settings.openai_api_key, base_url=settings.openai_base_url)
-    if provider == "anthropic":
-        from adapters.anthropic_batches import AnthropicBatches
 
-        return AnthropicBatches(api_key=settings.anthropic_api_key, base_url=settings.anthropic_base_url)
-    if provider == "azure":
-        from adapters.azure_batches import AzureBatches
-
-        return AzureBatches(
-            endpoint=azure_endpoint(settings), api_key=settings.azure_api_key, api_version=settings.azure_api_version
-        )
-    if provider == "gemini":
-        from adapters.gemini_batches import GeminiBatches
-
-        return GeminiBatches(api_key=gemini_key(settings), base_url=settings.gemini_base_url)
-    raise ValueError(f"provider {provider!r} has no batch API (batch providers: {', '.join(sorted(BATCH_PROVIDERS))})")
+def _imported(target: str) -> Any:
+    """The attribute a `module:attribute` name names, its module imported now (on first use)."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def gemini_key(settings: Settings) -> str | None:

@@ -34,15 +34,8 @@ from typing import Any
 import anyio
 from sqlalchemy.exc import DBAPIError
 
-from adapters.base import (
-    BatchAdapter,
-    BatchLine,
-    BatchRejection,
-    BatchTag,
-    ProviderBatch,
-    ProviderError,
-    ReconcileLater,
-)
+from adapters.batch_interface import BatchAdapter, BatchLine, BatchTag, ProviderBatch, ReconcileLater
+from adapters.errors import BatchRejection, ProviderError
 from adapters.registry import BATCH_PROVIDERS, make_batch_adapter
 from ledger import events
 from ledger.deadline_fallback import DeadlineFallback

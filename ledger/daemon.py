@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import anyio
 from sqlalchemy.exc import DBAPIError
 
-from adapters.base import Adapter, BatchAdapter
+from adapters.base import Adapter
+from adapters.batch_interface import BatchAdapter
 from ledger import events
 from ledger.batches import BatchWorker
 from ledger.executor import CallContext

@@ -16,7 +16,9 @@ from typing import Any
 
 import anyio
 
-from adapters.base import Adapter, CallRequest, CallResult, ProviderError, RateLimits
+from adapters.base import Adapter, CallRequest, CallResult
+from adapters.errors import ProviderError
+from adapters.rate_limits import RateLimits
 from ledger import events
 from ledger.parsing import derive
 from ledger.pools import CALLS_OUT

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from tenacity import RetryCallState, wait_exponential, wait_random
 from tenacity.wait import wait_base
 
-from adapters.base import ProviderError
+from adapters.errors import ProviderError
 
 JITTER_MAX_S = 0.5
 

@@ -10,8 +10,9 @@ import anyio
 import pytest
 
 from adapters.anthropic import AnthropicAdapter
-from adapters.base import CallRequest, ProviderError
+from adapters.base import CallRequest
 from adapters.compatible import CompatibleAdapter
+from adapters.errors import ProviderError
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
 from adapters.openai import OpenAIAdapter
 

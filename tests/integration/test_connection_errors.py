@@ -10,7 +10,8 @@ import anyio
 import pytest
 
 from adapters.anthropic import AnthropicAdapter
-from adapters.base import CallRequest, ProviderError
+from adapters.base import CallRequest
+from adapters.errors import ProviderError
 from adapters.gemini import GeminiAdapter
 from adapters.openai import OpenAIAdapter
 

@@ -17,10 +17,12 @@ import pytest
 from sqlalchemy import text
 
 from adapters.anthropic import AnthropicAdapter
-from adapters.base import CallRequest, ProviderError, reset_seconds
+from adapters.base import CallRequest
+from adapters.errors import ProviderError
 from adapters.mock_provider import mock_provider_process, running_mock_provider
 from adapters.mock_provider.answers import chat_answer
 from adapters.openai import OpenAIAdapter
+from adapters.rate_limits import reset_seconds
 from ledger.daemon import run_daemon
 from ledger.enqueue import RequestSpec, build_spec, to_row
 from ledger.settings import SettingsError, load_settings, parse_pool_limits

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from adapters.anthropic import message_result
-from adapters.base import CallRequest, ProviderError
+from adapters.base import CallRequest
+from adapters.errors import ProviderError
 from adapters.openai import completion_result
 from adapters.openai_responses import responses_body, responses_result, text_format
 from ledger.parsing import parse_verdict

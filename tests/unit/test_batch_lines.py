@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from adapters.anthropic import message_result
-from adapters.base import json_and_text_at, nonblank_lines
+from adapters.json_lines import json_and_text_at, nonblank_lines
 from adapters.openai import completion_result
 from ledger.batches import custom_id, request_of
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from adapters.base import CallRequest, CallResult, ProviderError
+from adapters.base import CallRequest, CallResult
+from adapters.errors import ProviderError
 from adapters.mock import MockAdapter
 from ledger.executor import CallDeadlines, _call_within
 from ledger.pools import CALLS_OUT

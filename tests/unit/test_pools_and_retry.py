@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.base import (
-    CallResult,
-    ProviderError,
-    RateLimits,
-    classify_status,
-    read_rate_limits,
-    retry_after_seconds,
-    tokens_counted,
-)
+from adapters.base import CallResult, tokens_counted
+from adapters.errors import ProviderError, classify_status
+from adapters.rate_limits import RateLimits, read_rate_limits, retry_after_seconds
 from ledger.pools import endpoint_for, normalize_endpoint
 from ledger.retry import JITTER_MAX_S, RetryPolicy
 
