@@ -14,5 +14,5 @@ class CompatibleAdapter(OpenAIAdapter):
     @property
     def supports_structured_output(self) -> bool:
         # Many local servers accept `response_format` but ignore the schema; the
-        # structured-batching stage falls back to one call per dimension (FR-004).
+        # structured-batching stage falls back to one call per dimension.
         return False

@@ -43,7 +43,7 @@ class OpenAIAdapter:
     async def call(self, request: CallRequest, *, timeout: float) -> CallResult:
         # The stored request is already the wire body (the one a provider batch line carries), so
         # it goes out through the client's generic `post`: the typed `create` would walk it
-        # against the SDK's TypedDicts first, a third of the client's CPU per call (issue 9),
+        # against the SDK's TypedDicts first, a third of the client's CPU per call,
         # and its answer is read raw anyway. Auth, headers, timeouts and the SDK's error
         # classes are the same on both paths.
         if request.api == RESPONSES_API:

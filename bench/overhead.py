@@ -5,7 +5,7 @@ same adapter: the price of durability (claims, attempt rows, outcomes, leases).
 Each daemon run also prints the process's CPU time per request (event loop and
 database lane together): on a noisy machine it moves less than the wall from one run
 to the next. SQLite's own work is in it and PostgreSQL's is not (a server process), so
-compare it across trees, not across the two databases. Targets (issue 9): 10,000
+compare it across trees, not across the two databases. Targets: 10,000
 requests/s on SQLite, 5,000 on PostgreSQL.
 
 Each database gets two daemon runs of `--requests` each, one after the other on the same

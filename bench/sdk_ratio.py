@@ -1,6 +1,6 @@
 """Benchmark: the daemon, as a process, beside a bare SDK loop driving the same mock server.
 
-Issue 9's yardstick for "close to the bare SDK's speed": 3,000 requests, limit
+The yardstick for "close to the bare SDK's speed": 3,000 requests, limit
 10, a mock provider at zero latency in its own process. In the same run:
 - the bare loop: `AsyncOpenAI` + `asyncio.Semaphore(limit)` + `gather`, SDK retries off;
 - `ledger daemon --until-idle` as a subprocess on a fresh SQLite file, then on a fresh

@@ -210,7 +210,7 @@ def reparse(
 
 
 def job_status(store: Any, settings: Settings) -> dict[str, Any]:
-    """Active jobs with phase, progress, duration and spend; today's budget; job capacity (seed 004)."""
+    """Active jobs with phase, progress, duration and spend; today's budget; job capacity."""
     from ledger.jobs import job_duration_s
 
     now = time.time()

@@ -387,7 +387,7 @@ def _unstorable(row: dict[str, Any]) -> str:
 
 
 def batch_key(row: dict[str, Any]) -> str:
-    """Requests sharing params and response format may share a provider batch (seed 003); a
+    """Requests sharing params and response format may share a provider batch; a
     batch goes to one endpoint, so requests of different APIs never share one."""
     keyed = {"params": row["params"], "response_format": row["response_format"]}
     if row.get("api") == RESPONSES_API:

@@ -1,7 +1,7 @@
 """What an evaluation job asks and what it concludes: pure functions, no I/O.
 
 `requests_for` turns a spec into request specs (per dimension, or one structured
-request per agent: seed 000 FR-005). `plan` reads a job's requests as the ledger
+request per agent). `plan` reads a job's requests as the ledger
 holds them and says, for every (agent, dimension): its opinion if its source is
 final, or that it is still pending, or that it is a gap to fill with one
 individual request (missing from a structured answer, rejected, or the
@@ -100,7 +100,7 @@ def single_request(spec: JobSpec, agent: AgentSpec, dimension: DimensionSpec, sa
 
 def requests_for(spec: JobSpec, structured_for: frozenset[str]) -> list[RequestSpec]:
     """The job's first requests: one structured request for agents whose provider is in
-    `structured_for` (empty unless BATCHING_ENABLED), one per dimension for the rest (FR-004);
+    `structured_for` (empty unless BATCHING_ENABLED), one per dimension for the rest;
     all of it once per sample (`samples = N`: samples 0..N-1, each its own answer)."""
     out: list[RequestSpec] = []
     ids = [d.id for d in spec.dimensions]

@@ -1,6 +1,6 @@
-"""The JSON log events of seed 000 SC-003, and the log set-up that writes them.
+"""The JSON log events, and the log set-up that writes them.
 
-Each event line carries exactly the seed's fields, plus `request_id` and `ts`
+Each event line carries exactly its fixed fields, plus `request_id` and `ts`
 (UNIX seconds). An operator can replay `acquired` minus `released` over a log
 and see the slot count never exceed the limit: `acquired` is stamped after its
 claim committed, `released` before its release committed, so even logs merged
@@ -147,7 +147,7 @@ def failed(
     attempts: int,
     elapsed_s: float,
 ) -> None:
-    """The ERROR line of a request that used up its attempts (seed 000, persistent failures)."""
+    """The ERROR line of a request that used up its attempts (persistent failures)."""
     _emit(
         logging.ERROR,
         {
@@ -165,7 +165,7 @@ def failed(
 
 
 def started(**limits: Any) -> None:
-    """The INFO line at start naming the active limits (FR-009)."""
+    """The INFO line at start naming the active limits."""
     _emit(
         logging.INFO,
         {
@@ -316,7 +316,7 @@ def batch_mapped(
 
 
 def job_started(job_id: str, requests: int, **limits: Any) -> None:
-    """The INFO line at a job's start naming the limits it runs under (FR-009)."""
+    """The INFO line at a job's start naming the limits it runs under."""
     _emit(
         logging.INFO,
         {
@@ -341,7 +341,7 @@ def job_ended(job_id: str, status: str, opinions: int, errors: int, error: str |
 def evaluation_failed(
     job_id: str, agent: str, dimension: str, request_id: int, status_code: int | None, attempts: int, elapsed_s: float
 ) -> None:
-    """The ERROR line of a dimension whose last attempt failed (seed 000: persistent failures)."""
+    """The ERROR line of a dimension whose last attempt failed (persistent failures)."""
     _emit(
         logging.ERROR,
         {
@@ -359,7 +359,7 @@ def evaluation_failed(
 
 
 def entry_rejected(job_id: str, agent: str, request_id: int, reason: str, raw: str) -> None:
-    """A structured answer's entry discarded (FR-005): WARNING with the raw entry; it is retried alone."""
+    """A structured answer's entry discarded: WARNING with the raw entry; it is retried alone."""
     _emit(
         logging.WARNING,
         {
@@ -391,5 +391,5 @@ def verdict_unparsed(job_id: str, agent: str, dimension: str, request_id: int, r
 
 
 def job_error(job_id: str, message: str) -> None:
-    """A job's step raised: the job fails, the others go on (D4)."""
+    """A job's step raised: the job fails, the others go on."""
     _emit(logging.ERROR, {"event": "job_error", "level": "ERROR", "job_id": job_id, "message": message})

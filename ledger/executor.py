@@ -46,7 +46,7 @@ class CallDeadlines:
 
     A cancel scope with a deadline per call (anyio's `fail_after`) sets and cancels a timer on
     the event loop and enters a scope of its own for every call: at zero latency that was about
-    an eighth of the daemon's CPU per request (issue 9, docs/benchmarks-history.md). Every call gets the
+    an eighth of the daemon's CPU per request. Every call gets the
     same timeout, so deadlines come due in the order the calls started: the oldest call still
     out is the next one due, and a single timer, set for it, is all it takes. A call past its
     deadline is cut off by cancelling the scope it runs in (its lease's, `LeaseKeeper.working_on`,

@@ -93,7 +93,7 @@ class Job(SQLModel, table=True):
     spec: dict[str, Any] | None = _json()
     budget_usd: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
     error: str | None = _text()
-    # Every request that ended without a usable answer, one line each (seed 000's `state.errors`).
+    # Every request that ended without a usable answer, one line each.
     errors: list[str] | None = _json()
     created_at: datetime | None = _ts(nullable=False, default_now=True)
     updated_at: datetime | None = _ts(nullable=False, default_now=True)

@@ -4,11 +4,10 @@ Pure functions, no I/O: the raw output stays on the request row and these can be
 re-run at any time (a parser fix re-derives every result without a paid call).
 
 Two answer contracts (see docs/parsing.md for the tables):
-- `parse_verdict`: "reasoning, then a final line `VERDICT: <1-5>`" (seed 003). The
+- `parse_verdict`: "reasoning, then a final line `VERDICT: <1-5>`". The
   last VERDICT line is the model's final answer, so it wins even when it does not
   parse; markdown a model likes to add around it is tolerated, ambiguity is not.
-- `parse_structured`: one request asks for every dimension of one agent (seed 000
-  FR-005). Valid entries are kept, invalid ones are rejected with their raw JSON
+- `parse_structured`: one request asks for every dimension of one agent. Valid entries are kept, invalid ones are rejected with their raw JSON
   (for the WARNING log), and every asked dimension without a valid entry is listed
   in `missing`, to be retried as an individual call.
 """

@@ -1,6 +1,6 @@
 """Endpoint pool keys: which requests compete for the same provider capacity.
 
-Seed 002's rules, kept exactly so limits written for one tool carry over:
+The pool-key rules, kept exactly so limits written for one tool carry over:
 `openai:gpt-4o` stays, `http://host:8080/v1` becomes `http:host:8080`, and a
 bare `gpt-4o` becomes `id:gpt-4o`.
 """

@@ -1,4 +1,4 @@
-"""When to try again, and how long to wait (seed 000 FR-002).
+"""When to try again, and how long to wait.
 
 `delay = min(initial * 2^(attempt-1) + jitter[0, 0.5], max)`, built from
 tenacity's wait strategies so the formula is the well-known one; a provider's

@@ -90,7 +90,7 @@ class Scheduler:
         if not reclaim:
             return {**limits, "reclaim": False}
         self._last_reclaim = now
-        # Leases in hand include those whose answers wait to be written (issue 12): never reclaimed here.
+        # Leases in hand include those whose answers wait to be written: never reclaimed here.
         held = sorted(set(self.leases.held()) | set(self.ctx.recorder.unwritten()))
         return {**limits, "reclaim": True, "held": held}
 
@@ -205,7 +205,7 @@ class Scheduler:
         """Hand the request to an executor that is waiting for one, or start a new executor.
 
         An executor task serves request after request: starting a task per request cost
-        the event loop more than the rest of the request's bookkeeping together (issue 9),
+        the event loop more than the rest of the request's bookkeeping together,
         and at zero latency the loop's time is the daemon's throughput. At most as many
         executors exist as calls were ever in flight at once."""
         self.leases.hold((request.id, request.token), leased_at)

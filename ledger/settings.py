@@ -65,7 +65,7 @@ class Settings(BaseSettings):
         env_ignore_empty=True,
     )
 
-    # Seed 000 FR-003: the bounded-concurrency contract.
+    # The bounded-concurrency contract.
     max_concurrent_llm_calls: int = Field(default=5, alias="MAX_CONCURRENT_LLM_CALLS")
     retry_initial_delay: float = Field(default=1.0, alias="RETRY_INITIAL_DELAY", ge=0)
     retry_max_delay: float = Field(default=60.0, alias="RETRY_MAX_DELAY", ge=0)
@@ -248,7 +248,7 @@ class Settings(BaseSettings):
 def load_settings(**overrides: Any) -> Settings:
     """Build settings, turning pydantic's multi-line report into one line per bad variable.
 
-    Raises the plain `ValueError` of FR-001 for a zero or negative global limit
+    Raises the plain `ValueError` the settings promise for a zero or negative global limit
     (callers and tests match its exact text), `SettingsError` otherwise.
     """
     try:

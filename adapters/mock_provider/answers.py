@@ -8,7 +8,7 @@ read); a JSON-schema response format gets a conforming instance.
 Prompts may carry directives, `[[mock:fail=503x2]]` and the like, that the mock
 server obeys; they are parsed here so both sides agree on the syntax.
 
-Structured batching (seed 000 FR-005): an array whose items are objects with an
+Structured batching: an array whose items are objects with an
 `enum` property (`criterion_id` of `ledger.parsing.evaluation_schema`) holds one
 item per enum value, in enum order, when the array's minItems..maxItems allow it,
 so the mock answers the whole contract. Two directives spoil such arrays so the

@@ -62,7 +62,7 @@ ERROR = RequestStatus.ERROR.value
 _CANDIDATES_PER_SLOT = 4
 # Candidates a group commit reads ahead beyond the slots its group frees. Four per slot, as
 # a claim of its own reads, cost each request three rows read and dropped (a twentieth of
-# the lane's time on SQLite, issue 9): one pool is the usual case, and a claim whose read
+# the lane's time on SQLite): one pool is the usual case, and a claim whose read
 # ahead fell short (a full pool's rows crowding the others) reads again (`_claim_in`).
 _READ_AHEAD_SPARE = 8
 # A lease a worker holds, as it knows it: (request id, lease token).
@@ -133,7 +133,7 @@ _CANDIDATES = (
 )
 # The rows a claim picked, as a table (`bound_rows`): the take and its attempt rows run
 # as hot statements (`Dialect.execute`), compiled once, where an expanding IN list would have
-# SQLAlchemy render the statement anew at every claim (a sixth of the lane's GIL time, issue 9).
+# SQLAlchemy render the statement anew at every claim (a sixth of the lane's GIL time).
 _PICKED = bound_rows("t", "b_ids", column("id", BigInteger), keys="b_id_list")
 _TAKE = (
     update(requests)

@@ -135,7 +135,7 @@ class PoolRoom:
     taken: dict[str, int] = field(default_factory=dict)
     taken_tokens: dict[str, int] = field(default_factory=dict)
     estimates: dict[int, int] = field(default_factory=dict)  # request id -> tokens reserved
-    # Each pool's `limit`, worked out once per claim: it is asked for every candidate (issue 9).
+    # Each pool's `limit`, worked out once per claim: it is asked for every candidate.
     # Sound because `_limit` reads only what `read` fixed, never what the claim takes.
     limits: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 

@@ -10,7 +10,7 @@ rows reach the database is the dialects' business, and the one thing here that d
 - SQLite: a `VALUES` list of plain bound values, expanded for the number of rows when the
   statement runs (`sqlite_statement`). Read through `json_each`, every column of every row is a
   `json_extract` that walks the row's JSON again: a third of SQLite's own work in a group
-  commit, and a tenth of the daemon's time per request (issue 9). A set with more values
+  commit, and a tenth of the daemon's time per request. A set with more values
   than one statement may bind (the driver's limit; a chunk of batch results) still goes as
   JSON.
 """

@@ -28,7 +28,7 @@ class ClaimedRequest:
     # The trace as read: parsed (psycopg's JSONB), or its JSON text (SQLite's hot rows). Only
     # events name a request's agent and dimension, so it is parsed when one first does (at INFO,
     # the `acquired` event of every request, on the event loop); a daemon logging at WARNING
-    # never parses it. Parsed in the claim, it was a fifth of `to_claimed` (issue 9).
+    # never parses it. Parsed in the claim, it was a fifth of `to_claimed`.
     stored_trace: dict[str, Any] | str | None
     api: str | None = None  # chat | responses | messages (None: enqueued before migration 0008)
     parse: str | None = None  # how its answer is parsed when it comes (None: not here)
@@ -121,8 +121,8 @@ class Failed:
 class RetryLater:
     """A retryable failure: the attempt is closed and the next one is due after `delay_s`.
 
-    `hold_slot` keeps the row claimed through the back-off (seed 002); otherwise
-    the row goes back to the queue (a timeout releases its slot, FR-008).
+    `hold_slot` keeps the row claimed through the back-off; otherwise
+    the row goes back to the queue (a timeout releases its slot).
     `pool_cooldown_s`: a 429's retry-after; `window`: its rate-limit headers. What the pool
     learns from a 429 is decided by the store (`pools.note_outcomes`).
     """

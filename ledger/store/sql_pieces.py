@@ -149,7 +149,7 @@ def read_json(text: str | bytes | bytearray | memoryview) -> Any:
     """A stored JSON value, parsed: the engine's reader for both databases (psycopg's JSONB too)
     and for the hot statements' text. Every claimed request carries four JSON columns, and
     `json.loads` on psycopg's bytes (an encoding sniffed each time) was a tenth of the database
-    lane's time on PostgreSQL (issue 9). Both databases hand out UTF-8; a JSON null (params and
+    lane's time on PostgreSQL. Both databases hand out UTF-8; a JSON null (params and
     response format left unset) is the usual value and is not parsed at all."""
     if isinstance(text, (bytes, bytearray, memoryview)):
         text = bytes(text).decode()

@@ -10,7 +10,7 @@ which never has a batch id and has a completion time only at the end, wrote entr
 these two indexes for nothing at its insert (two), its claim (two) and its outcome (one).
 Indexed only where set, they answer the same queries (`batch_id = x` and `completed_at >= x`
 imply the column is set, on both databases) and the group commit and the claim write fewer
-entries (decision 75, issue 9).
+entries (decision 75).
 
 On PostgreSQL both new indexes are built beside the old ones first (a build blocks writes to
 llm_requests, not reads), then swapped in: the first DROP takes the table's exclusive lock,

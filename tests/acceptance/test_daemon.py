@@ -31,7 +31,7 @@ def seed_case(tmp_path: Path, extra: str = "") -> Path:
 
 
 def test_seed_case_30_requests_limit_5(db_url: str, tmp_path: Path) -> None:
-    """Seed 000's independent test: never more than 5 at once, 5 at some point, all 30 complete."""
+    """The bounded-concurrency check: never more than 5 at once, 5 at some point, all 30 complete."""
     log = tmp_path / "daemon.log"
     with mock_provider("--latency", "0.2") as mock:
         env = ledger_env(db_url, mock, MAX_CONCURRENT_LLM_CALLS=5)

@@ -111,7 +111,7 @@ def test_the_daemon_rides_out_dropped_database_connections(pg_url: str, tmp_path
 
 
 def test_backends_terminated_again_and_again_never_stop_the_daemon(pg_url: str, tmp_path: Path) -> None:
-    """Issue 12: some terminations land on a COMMIT. The store asks the server what became of the
+    """Some terminations land on a COMMIT. The store asks the server what became of the
     transaction instead of stopping, so the daemon rides out a storm of them; nothing answered twice."""
     app = f"ledger-{tmp_path.name[-20:]}"
     url = f"{pg_url}&application_name={app}"
@@ -140,7 +140,7 @@ FROZEN_LIMIT = 4
 
 
 def test_a_daemon_frozen_past_its_lease_writes_nothing_over_the_one_that_took_over(pg_url: str, tmp_path: Path) -> None:
-    """Issue 12: SIGSTOP a daemon with calls in flight, let another take its work over, SIGCONT it.
+    """SIGSTOP a daemon with calls in flight, let another take its work over, SIGCONT it.
     The woken daemon writes nothing over the new owner's results; the provider saw at most the
     frozen daemon's claimed requests twice, and every other request once."""
     prompts = [("a", f"d{i}", f"frozen daemon {i}") for i in range(24)]

@@ -1,4 +1,4 @@
-"""PostgreSQL itself stopped under a running daemon, then started again (issue 12).
+"""PostgreSQL itself stopped under a running daemon, then started again.
 
 Each test runs its own throwaway server (`ledger.embedded_postgres`), so stopping it
 touches nothing else. Shorter than LEDGER_DB_RETRY_SECONDS, the daemon carries on;

@@ -144,7 +144,7 @@ def test_a_connection_cut_during_a_statement_is_tried_again_and_applied_once(sto
 
 
 def test_a_commit_cut_before_it_landed_is_found_not_applied_and_tried_again(store: Store, pg_dsn: str) -> None:
-    """Issue 12: the backend is terminated as the COMMIT goes out. The store asks the server what
+    """The backend is terminated as the COMMIT goes out. The store asks the server what
     became of the transaction (aborted), so the lane runs it again, once, and it applies once."""
     cuts = cut_connection_once(store, "commit", pg_dsn)
     calls: list[int] = []

@@ -1,4 +1,4 @@
-"""A daemon frozen inside a transaction must not stall the others (issue 12, defect 3).
+"""A daemon frozen inside a transaction must not stall the others.
 
 PostgreSQL only: SQLite has one write lock per file, and a frozen writer holds it
 (docs/decisions.md says what that means for several daemons on one file).

@@ -289,7 +289,7 @@ def test_a_renewal_given_up_on_never_lands_later(pg_url: str) -> None:
 
 
 def test_a_late_outcome_does_not_rewrite_the_attempt_a_takeover_marked_lost(store: Store) -> None:
-    """Issue 12: the attempt row is fenced like the request row. A worker frozen past its lease
+    """The attempt row is fenced like the request row. A worker frozen past its lease
     comes back with an answer: the takeover's `lost` attempt stays lost, the new owner's stays its own."""
     add_requests(store, 1)
     (stale,) = claim(store, "frozen", lease=-1).requests  # its lease has already run out
@@ -306,7 +306,7 @@ def test_a_late_outcome_does_not_rewrite_the_attempt_a_takeover_marked_lost(stor
 def test_a_claim_after_an_outage_does_not_reclaim_rows_whose_answers_wait_to_be_written(
     db_url: str, store: Store
 ) -> None:
-    """Issue 12: after an outage longer than a lease, the daemon's first claim must not put back
+    """After an outage longer than a lease, the daemon's first claim must not put back
     in the queue (to be called again) the requests whose answers it holds but has not written."""
     from ledger.executor import CallContext
     from ledger.record import DbLane, Recorder
@@ -338,7 +338,7 @@ def test_a_claim_after_an_outage_does_not_reclaim_rows_whose_answers_wait_to_be_
 
 
 def test_a_daemon_woken_after_a_freeze_does_not_call_for_a_lease_it_may_have_lost(db_url: str, store: Store) -> None:
-    """Issue 12: frozen between its claim and its call for longer than the lease, a daemon must not
+    """Frozen between its claim and its call for longer than the lease, a daemon must not
     send the call when it wakes: another daemon may have taken the request over and answered it."""
     from adapters.mock import MockAdapter
     from ledger.executor import CallContext

@@ -101,7 +101,7 @@ def settings_for(db_url: str, mock: RunningMockProvider, tmp_path: Path, **overr
 
 
 def expected_cost(row: dict[str, Any], *, batch: bool) -> float:
-    """The formula of issue 30, by hand: uncached x input + cached x cached_input + writes x
+    """The cost formula, by hand: uncached x input + cached x cached_input + writes x
     cache_write + output x output, the batch discount on the whole."""
     cached, written = row["cached_input_tokens"] or 0, row["cache_write_tokens"] or 0
     uncached = row["input_tokens"] - cached - written

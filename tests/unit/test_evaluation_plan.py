@@ -55,7 +55,7 @@ def test_structured_requests_only_for_providers_that_enforce_a_schema() -> None:
     assert [r.idempotency_key for r in made] == [structured_key("j", "a"), structured_key("j", "b")]
     assert made[0].response_format is not None
     fallback = requests_for(spec(provider="openai-compatible"), frozenset({"openai"}))
-    assert len(fallback) == 6  # FR-004: one request per dimension
+    assert len(fallback) == 6  # one request per dimension
 
 
 def test_open_requests_are_pending_not_gaps() -> None:

@@ -1,4 +1,4 @@
-"""Pool keys (seed 002 rules) and the retry policy (seed 000 FR-002)."""
+"""Pool keys and the retry policy."""
 
 from __future__ import annotations
 

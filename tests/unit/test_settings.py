@@ -1,4 +1,4 @@
-"""Settings: seed 000 FR-003 defaults, the 1-50 bound and its exact error message."""
+"""Settings: the defaults, the 1-50 bound and its exact error message."""
 
 from __future__ import annotations
 
