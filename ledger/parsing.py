@@ -7,7 +7,8 @@ Two answer contracts (see docs/parsing.md for the tables):
 - `parse_verdict`: "reasoning, then a final line `VERDICT: <1-5>`". The
   last VERDICT line is the model's final answer, so it wins even when it does not
   parse; markdown a model likes to add around it is tolerated, ambiguity is not.
-- `parse_structured`: one request asks for every dimension of one agent. Valid entries are kept, invalid ones are rejected with their raw JSON
+- `parse_structured`: one request asks for every dimension of one agent. Valid entries
+  are kept, invalid ones are rejected with their raw JSON
   (for the WARNING log), and every asked dimension without a valid entry is listed
   in `missing`, to be retried as an individual call.
 """
