@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError
 
 from adapters.batch_interface import BatchAdapter, BatchLine, BatchTag, ProviderBatch, ReconcileLater
 from adapters.errors import BatchRejection, ProviderError
-from adapters.registry import BATCH_PROVIDERS, make_batch_adapter
+from adapters.registry import BATCH_PROVIDERS, make_batch_adapter, missing_key
 from ledger import events
 from ledger.deadline_fallback import DeadlineFallback
 from ledger.executor import stored_call
@@ -107,6 +107,7 @@ class BatchWorker:
         self.policy = RetryPolicy(settings.retry_initial_delay, settings.retry_max_delay, settings.retry_max_attempts)
         self._adapters: dict[str, BatchAdapter] = dict(adapters or {})
         self._said_online: set[str] = set()
+        self._said_unconfigured: set[str] = set()
         self._workdir = Path(tempfile.mkdtemp(prefix="ledger-batches-"))
         self.step_started = 0.0  # wall clock at the start of the step under way (for its events)
         self.fallback = DeadlineFallback(store, lane, settings)
@@ -146,7 +147,7 @@ class BatchWorker:
         # Ready: its oldest request has waited long enough, or it fills a batch (at the provider's own
         # limit when that is lower than LEDGER_PROVIDER_BATCH_SIZE).
         for group in groups:
-            if group.provider not in BATCH_PROVIDERS:
+            if group.provider not in BATCH_PROVIDERS or await self._unconfigured(group.provider):
                 continue
             if not group.waited and group.queued < self._batch_limit(await self.adapter(group.provider)):
                 continue
@@ -187,6 +188,20 @@ class BatchWorker:
             if provider not in self._said_online:
                 self._said_online.add(provider)
                 events.simulated_batching(provider, count)
+
+    async def _unconfigured(self, provider: str) -> bool:
+        """A provider whose API key is missing is sent no batch: its queued batch requests end
+        `config_error` naming the variable (said once in an ERROR line), as its online calls do,
+        instead of an upload with a placeholder key whose refusal names nothing."""
+        missing = missing_key(provider, self.settings)
+        if missing is None:
+            return False
+        ended = await self.lane.run(self.store.end_unconfigured_batch_requests, provider, missing)
+        if provider not in self._said_unconfigured:
+            self._said_unconfigured.add(provider)
+            details = {"provider": provider, "error": missing, "requests": ended}
+            LOG.error("provider not configured: its requests end config_error", extra={"details": details})
+        return True
 
     def _batch_limit(self, adapter: BatchAdapter) -> int:
         return min(self.settings.provider_batch_size, adapter.max_requests)

@@ -144,6 +144,23 @@ class BatchQueries:
                 moved[provider] = moved.get(provider, 0) + 1
             return moved
 
+    def end_unconfigured_batch_requests(self, provider: str, message: str) -> int:
+        """Queued batch requests of a provider the daemon cannot call (its API key is missing) end
+        `error` with `config_error` and `message`: no batch is opened for them, nothing is sent."""
+        with transaction(self.engine, self.dialect, resolvable=True) as conn:
+            ended = conn.execute(
+                update(requests)
+                .where(_r.status == QUEUED, _r.delivery == BATCH, _r.provider == provider)
+                .values(
+                    status=RequestStatus.ERROR.value,
+                    error_code="config_error",
+                    error_message=message,
+                    completed_at=db_now(),
+                    updated_at=db_now(),
+                )
+            )
+            return int(ended.rowcount)
+
     def batch_groups(self, wait_seconds: float) -> list[BatchGroup]:
         """Groups of due batch requests, each with whether its oldest has waited long enough."""
         key = (_r.provider, _r.model, _r.batch_key, _r.job_id)

@@ -129,3 +129,25 @@ def test_a_server_other_than_the_provider_needs_no_key(db_url: str, tmp_path: Pa
     finally:
         store.close()
     assert not [e for e in events(log) if e.get("level") == "ERROR"]
+
+
+def test_a_missing_key_ends_batch_requests_without_an_upload(db_url: str, tmp_path: Path) -> None:
+    env = keyless_env(db_url, LEDGER_PROVIDER_BATCH_WAIT=0, LEDGER_BATCH_POLL_INTERVAL=0.2)
+    enqueue(
+        env, write_requests(tmp_path / "in.jsonl", [("a", f"d{i}", f"q {i}") for i in range(3)]), "--delivery", "batch"
+    )
+    log = tmp_path / "daemon.log"
+    assert run_daemon(env, log) == 0, log.read_text()
+    said = [e for e in events(log) if e.get("level") == "ERROR" and e.get("provider") == "openai"]
+    assert len(said) == 1 and "OPENAI_API_KEY is not set" in said[0]["error"], said
+    store = Store(db_url)
+    try:
+        rows = [store.get_request(r["id"]) for r in store.list_requests()]
+        assert store.list_batches() == []  # no batch opened, nothing uploaded
+    finally:
+        store.close()
+    assert len(rows) == 3
+    for row in rows:
+        assert row is not None
+        assert (row["status"], row["error_code"], row["attempts"]) == ("error", "config_error", 0)
+        assert "OPENAI_API_KEY is not set" in row["error_message"]
