@@ -47,6 +47,7 @@ from adapters.registry import BATCH_PROVIDERS, make_batch_adapter
 from ledger import events
 from ledger.deadline_fallback import DeadlineFallback
 from ledger.executor import stored_call
+from ledger.metrics import NO_METRICS, Metrics
 from ledger.parsing import derive
 from ledger.pools import endpoint_for
 from ledger.prices import Price, PriceTable
@@ -105,6 +106,8 @@ class BatchWorker:
         settings: Settings,
         worker_id: str,
         adapters: dict[str, BatchAdapter] | None = None,
+        *,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self.store = store
         self.lane = lane
@@ -116,7 +119,7 @@ class BatchWorker:
         self._said_online: set[str] = set()
         self._workdir = Path(tempfile.mkdtemp(prefix="ledger-batches-"))
         self.step_started = 0.0  # wall clock at the start of the step under way (for its events)
-        self.fallback = DeadlineFallback(store, lane, settings)
+        self.fallback = DeadlineFallback(store, lane, settings, metrics)
 
     # -- the loop --------------------------------------------------------------
 

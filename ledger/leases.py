@@ -40,11 +40,18 @@ class LeaseKeeper:
     metrics: Metrics = NO_METRICS  # the daemon's, when it serves metrics
 
     def __init__(
-        self, store: Store, settings: Settings, worker_id: str, answered: Callable[[], Collection[Held]] = frozenset
+        self,
+        store: Store,
+        settings: Settings,
+        worker_id: str,
+        answered: Callable[[], Collection[Held]] = frozenset,
+        *,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         """`answered`: the leases whose outcomes are with the recorder (written or about to be):
         a renewal that no longer finds those running is seeing them finish, not lost."""
         self._store = store
+        self.metrics = metrics
         self._answered = answered
         self._worker = worker_id
         self._lease = settings.lease_seconds

@@ -24,7 +24,7 @@ import queue
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
@@ -163,6 +163,14 @@ def _frees_slot(outcome: Outcome) -> bool:
     return isinstance(outcome, Completed | Failed) or (isinstance(outcome, RetryLater) and not outcome.hold_slot)
 
 
+class SlotRefiller(Protocol):
+    """What the recorder asks of the scheduler: whether and how to claim, and where a claim goes."""
+
+    def slot_freed(self, claim: Claim | None = None) -> None: ...
+
+    def claim_args(self) -> dict[str, Any] | None: ...
+
+
 class Recorder:
     """Collects outcomes from executors and writes them in groups.
 
@@ -185,10 +193,13 @@ class Recorder:
         self,
         store: Store,
         lane: DbLane,
-        on_slot_freed: Callable[[Claim | None], None],
+        on_slot_freed: Callable[[Claim | None], None] = lambda _claim: None,
         claim_args: Callable[[], dict[str, Any] | None] = lambda: None,
+        *,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self._store = store
+        self.metrics = metrics
         self._lane = lane
         self._on_slot_freed = on_slot_freed
         self._claim_args = claim_args
@@ -200,6 +211,12 @@ class Recorder:
         self._in_hand: dict[tuple[int, int], int] = {}
         self._wake = anyio.Event()
         self._stopped = False
+
+    def refill_through(self, scheduler: SlotRefiller) -> None:
+        """The daemon's scheduler and its recorder each need the other (executors hand outcomes
+        to the recorder, which hands freed slots back to the scheduler): linked once both exist."""
+        self._on_slot_freed = scheduler.slot_freed
+        self._claim_args = scheduler.claim_args
 
     async def submit(self, outcome: Outcome) -> Written:
         """Queue an outcome and wait until it is committed.
