@@ -37,7 +37,7 @@ def routes(web: Web) -> list[BaseRoute]:
         return handler
 
     def cancel_job(request: Request) -> str:
-        from ledger.batches import cancel_batches
+        from ledger.cancel import cancel_batches
 
         job_id = request.path_params["job_id"]
         if web.store.get_job(job_id) is not None:
@@ -47,7 +47,7 @@ def routes(web: Web) -> list[BaseRoute]:
         return f"/jobs/{segment(job_id)}"
 
     def cancel_batch(request: Request) -> str:
-        from ledger.batches import cancel_batches
+        from ledger.cancel import cancel_batches
 
         batch_id = int(request.path_params["batch_id"])
         if web.store.get_batch(batch_id) is not None:

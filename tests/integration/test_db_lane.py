@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import event
 
 from adapters.mock_provider import running_mock_provider
-from ledger.batches import cancel_batches
+from ledger.cancel import cancel_batches
 from ledger.record import DbLane
 from ledger.store import Store
 from ledger.store.batches import BatchGroup, BatchLease

@@ -1,0 +1,53 @@
+"""Cancelling provider batches at the provider, for `ledger cancel` and the web view's actions
+(the daemon's batch loop, `batches.py`, maps back what a batch finished before its cancel)."""
+
+from __future__ import annotations
+
+import anyio
+from sqlalchemy.exc import DBAPIError
+
+from adapters.base import BatchAdapter, ProviderError
+from adapters.registry import make_batch_adapter
+from ledger.settings import Settings
+from ledger.store import Store
+from ledger.store.schema import one_line
+
+
+def cancel_batches(
+    store: Store, settings: Settings, *, batch_id: int | None = None, job_id: str | None = None
+) -> list[str]:
+    """Mark open batches canceled and send the cancel to the provider now (a daemon resends it at
+    its next poll if this fails). What the provider finished before the cancel is still mapped
+    back by the daemon; the rest of the batch's requests end `canceled`. One line per batch."""
+    marked = store.request_batch_cancel(batch_id=batch_id, job_id=job_id)
+    said = []
+    for batch in marked:
+        if batch["provider_batch_id"] is None:
+            said.append(f"batch {batch['id']}: canceled before it reached the provider")
+            continue
+        if batch["cancel_sent_at"] is not None:
+            said.append(f"batch {batch['id']}: cancel already sent to {batch['provider']}")
+            continue
+        adapter = make_batch_adapter(batch["provider"], settings)
+
+        async def send(adapter: BatchAdapter = adapter, provider_id: str = batch["provider_batch_id"]) -> str:
+            try:
+                return (await adapter.cancel(provider_id)).status
+            finally:
+                await adapter.aclose()
+
+        try:
+            status = anyio.run(send)
+        except ProviderError as exc:
+            said.append(f"batch {batch['id']}: cancel marked; the provider refused it for now ({exc.message})")
+            continue
+        try:
+            store.note_cancel_sent(int(batch["id"]))
+        except DBAPIError as exc:  # the cancel stays marked (committed above): a daemon sends it again
+            said.append(
+                f"batch {batch['id']}: {batch['provider']} says {status}; the ledger could not note it"
+                f" ({one_line(exc)}), so a daemon sends the cancel again at its next poll (unless the note landed)"
+            )
+            continue
+        said.append(f"batch {batch['id']}: {batch['provider']} says {status}; finished results are mapped back")
+    return said
