@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import DBAPIError
 
 from adapters.base import (
     BatchAdapter,
@@ -59,6 +58,7 @@ from ledger.stop_points import stop_point
 from ledger.store import Store
 from ledger.store.batch_results import LineOutcome, Mapped
 from ledger.store.batches import BatchGroup, BatchLease, BatchLeaseLost
+from ledger.store.errors import DatabaseUnavailable
 from ledger.waits import Handoff, as_raised
 
 LOG = logging.getLogger("ledger.batches")
@@ -184,7 +184,7 @@ class BatchWorker:
             LOG.warning("batch lease lost: step abandoned", extra={"details": {"error": str(exc)}})
         except ProviderError as exc:
             LOG.error("batch step failed at the provider", extra={"details": {"error": exc.message}})
-        except DBAPIError:
+        except DatabaseUnavailable:
             raise  # the lane already retried: the database is gone, and the daemon stops
         except Exception:  # a bug in one step must not take the daemon down; the lease expires
             LOG.exception("batch step failed; it is taken up again when its lease expires")
@@ -217,7 +217,7 @@ class BatchWorker:
                 async def renew() -> None:
                     while True:
                         await anyio.sleep(self.settings.lease_seconds / 3)
-                        with suppress(DBAPIError):  # the lane retried; the next try or the fence decides
+                        with suppress(DatabaseUnavailable):  # the lane retried; the next try or the fence decides
                             if not await self.lane.run(self.store.renew_batch, lease, self.settings.lease_seconds):
                                 lost.append(True)
                                 tg.cancel_scope.cancel()

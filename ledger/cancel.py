@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import anyio
-from sqlalchemy.exc import DBAPIError
 
 from adapters.base import BatchAdapter, ProviderError
 from adapters.registry import make_batch_adapter
 from ledger.settings import Settings
 from ledger.store import Store
+from ledger.store.errors import DatabaseUnavailable, database_unavailable
 from ledger.store.schema import one_line
 
 
@@ -42,8 +42,9 @@ def cancel_batches(
             said.append(f"batch {batch['id']}: cancel marked; the provider refused it for now ({exc.message})")
             continue
         try:
-            store.note_cancel_sent(int(batch["id"]))
-        except DBAPIError as exc:  # the cancel stays marked (committed above): a daemon sends it again
+            with database_unavailable():
+                store.note_cancel_sent(int(batch["id"]))
+        except DatabaseUnavailable as exc:  # the cancel stays marked (committed above): a daemon sends it again
             said.append(
                 f"batch {batch['id']}: {batch['provider']} says {status}; the ledger could not note it"
                 f" ({one_line(exc)}), so a daemon sends the cancel again at its next poll (unless the note landed)"

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import TaskGroup
-from sqlalchemy.exc import DBAPIError
 
 from adapters.base import Adapter, BatchAdapter
 from ledger import events
@@ -36,6 +35,7 @@ from ledger.retry import RetryPolicy
 from ledger.scheduler import Scheduler
 from ledger.settings import Settings
 from ledger.store import Store
+from ledger.store.errors import DatabaseUnavailable
 from ledger.store.rows import ReleasedRows
 from ledger.store.schema import one_line
 from ledger.waits import first_done
@@ -347,7 +347,7 @@ class _Daemon:
 
 def _database_failure(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
     """The database's error if that is all the group holds (the daemon stops with one line)."""
-    failed, other = group.split(DBAPIError)
+    failed, other = group.split(DatabaseUnavailable)
     return None if failed is None or other is not None else _first_leaf(failed)
 
 

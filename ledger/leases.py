@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable, Collection
 
 import anyio
-from sqlalchemy.exc import DBAPIError
 
 from ledger.metrics import NO_METRICS, Metrics
 from ledger.record import DbLane
 from ledger.settings import Settings
 from ledger.store import Store
 from ledger.store.claim import Held
+from ledger.store.errors import DatabaseUnavailable
 from ledger.store.schema import one_line
 
 LOG = logging.getLogger("ledger.leases")
@@ -143,7 +143,7 @@ class LeaseKeeper:
                 renewed = await self._lane.run_within(
                     min(budget, self._retry_seconds), self._renew_in_thread, keys, deadline
                 )
-            except DBAPIError as exc:
+            except DatabaseUnavailable as exc:
                 return [], one_line(exc)
             except TimeoutError:
                 return [], "the renewal did not finish in time"

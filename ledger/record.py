@@ -34,6 +34,7 @@ from ledger import events
 from ledger.metrics import NO_METRICS, Metrics
 from ledger.store import Store
 from ledger.store.dialect import is_transient
+from ledger.store.errors import database_unavailable
 from ledger.store.rows import Claim, Completed, Failed, Outcome, Recorded, ReleasedRows, RetryLater, Written
 from ledger.store.schema import one_line
 
@@ -68,8 +69,12 @@ class DbLane:
         return await self.run_within(self._retry_seconds, fn, *args, **kwargs)
 
     async def run_within(self, retry_seconds: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`run`, retrying for `retry_seconds` instead of the lane's own window."""
-        call = functools.partial(fn, *args, **kwargs)
+        """`run`, retrying for `retry_seconds` instead of the lane's own window. What still fails
+        with the driver's error reaches the caller as the store's `DatabaseUnavailable`."""
+        with database_unavailable():
+            return await self._retried(retry_seconds, functools.partial(fn, *args, **kwargs))
+
+    async def _retried(self, retry_seconds: float, call: Callable[[], T]) -> T:
         try:  # the common case, without building a retry loop
             return await self._in_thread(call)
         except Exception as exc:
