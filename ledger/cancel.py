@@ -1,7 +1,11 @@
-"""Cancelling provider batches at the provider, for `ledger cancel` and the web view's actions
-(the daemon's batch loop, `batches.py`, maps back what a batch finished before its cancel)."""
+"""Cancelling what is not final yet: requests, a job, provider batches. One sequence for
+`ledger cancel` and the web view's actions, so that both end a job the same way: the job first
+(none of its steps starts again), then its requests, then its provider batches (the daemon's
+batch loop, `batches.py`, maps back what a batch finished before its cancel)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import anyio
 
@@ -11,6 +15,32 @@ from ledger.settings import Settings
 from ledger.store import Store
 from ledger.store.errors import DatabaseUnavailable, database_unavailable
 from ledger.store.schema import one_line
+
+
+def cancel(
+    store: Store,
+    settings: Settings,
+    *,
+    ids: list[int] | None = None,
+    job_id: str | None = None,
+    batch_id: int | None = None,
+) -> Iterator[str]:
+    """Cancel the requests `ids` (of `job_id` when both are given), the job `job_id` with its
+    requests and batches, the provider batch `batch_id`. Yields one line for each thing done, as
+    it is done: a caller that prints them as they come has said what was done before a failure."""
+    if job_id and store.cancel_job(job_id):
+        yield f"job {job_id} canceled; other jobs go on"
+    if ids or job_id:
+        result = store.cancel(ids=ids or None, job_id=job_id)
+        line = f"canceled {result.canceled} request(s)"
+        if result.in_flight:
+            line += f"; {result.in_flight} with a call in flight end canceled when the call returns"
+        yield line
+    if batch_id is not None or job_id:
+        said = cancel_batches(store, settings, batch_id=batch_id, job_id=job_id)
+        yield from said
+        if batch_id is not None and not said:
+            yield f"batch {batch_id} is already over; nothing to cancel"
 
 
 def cancel_batches(

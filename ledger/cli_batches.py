@@ -29,7 +29,7 @@ def cancel(
     ] = None,
 ) -> None:
     """Cancel requests that are not final yet (a call in flight keeps its slot until it returns)."""
-    from ledger.cancel import cancel_batches
+    from ledger.cancel import cancel as cancel_all
 
     if not request_ids and not job and batch is None:
         fail("give request ids, --job or --batch")
@@ -37,21 +37,9 @@ def cancel(
     store = open_ledger(settings)
     if batch is not None and store.get_batch(batch) is None:
         fail(f"no batch with id {batch}", code=1)
-    if job and store.cancel_job(job):
-        out.print(f"job {job} canceled; other jobs go on", highlight=False, soft_wrap=True)
-    if request_ids or job:
-        result = store.cancel(ids=request_ids or None, job_id=job)
-        line = f"canceled {result.canceled} request(s)"
-        if result.in_flight:
-            line += f"; {result.in_flight} with a call in flight end canceled when the call returns"
-        out.print(line, highlight=False, soft_wrap=True)
-    if batch is not None or job:
-        with operator_errors():
-            said = cancel_batches(store, settings, batch_id=batch, job_id=job)
-        for line in said:
+    with operator_errors():
+        for line in cancel_all(store, settings, ids=request_ids, job_id=job, batch_id=batch):
             out.print(line, highlight=False, soft_wrap=True)
-        if batch is not None and not said:
-            out.print(f"batch {batch} is already over; nothing to cancel", highlight=False)
 
 
 def batches(

@@ -167,6 +167,10 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show one request with all its attempts."""
+    from ledger.store.answers import ANSWER_FIELDS
+
+    # Printed in lines of their own, after the columns: the answer and its usage, its sources.
+    shown_apart = {"input_tokens", "output_tokens", *ANSWER_FIELDS, "sources"}
     store = open_ledger(settings_or_exit())
     found = store.get_request(request_id)
     if found is None:
@@ -177,16 +181,9 @@ def show(
     attempts = found.pop("attempt_rows")
     lineage = store.sources_of(request_id)
     if found.get("batch_id") is not None:
-        batch_row = store.get_batch(found["batch_id"])
-        if batch_row is not None:
-            provider_id = text_of(batch_row["provider_batch_id"])
-            out.print(
-                f"[bold]batch[/]: {batch_row['id']} ({batch_row['provider']} {provider_id}, "
-                f"{batch_row['status']}; see ledger batches)",
-                highlight=False,
-            )
+        _print_batch(store.get_batch(found["batch_id"]))
     for key, value in found.items():
-        if value is not None and key not in _SHOWN_APART:
+        if value is not None and key not in shown_apart:
             # One line each, as stored: a request's conversation is printed whole, never wrapped,
             # and brackets in it are not styling.
             out.print(Text.assemble((key, "bold"), f": {text_of(value)}"), highlight=False, soft_wrap=True)
@@ -210,23 +207,14 @@ def show(
     out.print(table)
 
 
-# What `show` prints in its own lines, after the columns: the answer and its usage.
-_SHOWN_APART = frozenset(
-    {
-        "input_tokens",
-        "output_tokens",
-        "cached_input_tokens",
-        "cache_write_tokens",
-        "reasoning_tokens",
-        "finish_reason",
-        "provider_finish_reason",
-        "tool_calls",
-        "refusal",
-        "thinking",
-        "response",
-        "sources",
-    }
-)
+def _print_batch(batch_row: dict[str, Any] | None) -> None:
+    if batch_row is not None:
+        provider_id = text_of(batch_row["provider_batch_id"])
+        out.print(
+            f"[bold]batch[/]: {batch_row['id']} ({batch_row['provider']} {provider_id}, "
+            f"{batch_row['status']}; see ledger batches)",
+            highlight=False,
+        )
 
 
 def _print_answer(found: dict[str, Any]) -> None:
