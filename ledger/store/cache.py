@@ -36,13 +36,12 @@ from sqlalchemy import BigInteger, and_, bindparam, case, column, func, not_, or
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import ColumnElement
 
-from ledger.models import LlmRequest
 from ledger.statuses import RequestStatus
 from ledger.store.answers import ANSWER_FIELDS
 from ledger.store.dialect import Dialect, db_now, db_now_plus, db_today, unindexed
 from ledger.store.row_sets import bound_rows, ids_in
+from ledger.store.tables import requests
 
-requests = LlmRequest.__table__  # type: ignore[attr-defined]
 _r = requests.c
 QUEUED, RUNNING, COMPLETED = RequestStatus.QUEUED.value, RequestStatus.RUNNING.value, RequestStatus.COMPLETED.value
 IN_FLIGHT = (QUEUED, RUNNING, RequestStatus.SUBMITTED.value)

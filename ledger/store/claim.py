@@ -39,7 +39,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.models import Job, LlmAttempt, LlmRequest, LlmWorker
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.cache import sweep_twins
@@ -48,11 +47,7 @@ from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, re
 from ledger.store.pool_overrides import read_overrides
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
-
-requests = LlmRequest.__table__  # type: ignore[attr-defined]
-attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
-workers = LlmWorker.__table__  # type: ignore[attr-defined]
-jobs = Job.__table__  # type: ignore[attr-defined]
+from ledger.store.tables import attempts, jobs, requests, workers
 
 RUNNING = RequestStatus.RUNNING.value
 QUEUED = RequestStatus.QUEUED.value

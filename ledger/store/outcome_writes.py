@@ -21,10 +21,11 @@ from sqlalchemy.sql.expression import ColumnClause
 from ledger.statuses import AnsweredVia, AttemptOutcome, RequestStatus
 from ledger.store import answers
 from ledger.store.cache import ENDED, TWINS_ANSWERED, TWINS_RELEASED
-from ledger.store.claim import QUEUED, RUNNING, attempts, requests
+from ledger.store.claim import QUEUED, RUNNING
 from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, storable, unindexed
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import Completed, Failed, Outcome, RetryLater, Written
+from ledger.store.tables import attempts, requests
 
 
 def _kind(outcome: Outcome) -> str:

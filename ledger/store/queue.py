@@ -24,12 +24,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-from ledger.models import Job
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pool_windows
 from ledger.store import pools as pool_state
 from ledger.store.cache import CachePolicy, Hit, Resolved, resolve
-from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries, requests
+from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import db_now
 from ledger.store.lineage import link_sources
@@ -41,8 +40,8 @@ from ledger.store.rows import (
     Recorded,
     Written,
 )
+from ledger.store.tables import jobs, requests
 
-jobs = Job.__table__  # type: ignore[attr-defined]
 # New rows reported back for per-request events; beyond this an enqueue reports counts only,
 # so memory stays flat however large the input is.
 KEEP_INSERTED_MAX = 10_000
