@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import DBAPIError
 
 from adapters.batch_interface import BatchAdapter, BatchLine, BatchTag, ProviderBatch, ReconcileLater
 from adapters.errors import BatchRejection, ProviderError
@@ -40,6 +39,7 @@ from adapters.registry import BATCH_PROVIDERS, make_batch_adapter, missing_key
 from ledger import events
 from ledger.deadline_fallback import DeadlineFallback
 from ledger.executor import stored_call
+from ledger.metrics import NO_METRICS, Metrics
 from ledger.parsing import derive
 from ledger.pools import endpoint_for
 from ledger.prices import Price, PriceTable
@@ -51,7 +51,7 @@ from ledger.stop_points import stop_point
 from ledger.store import Store
 from ledger.store.batch_results import LineOutcome, Mapped
 from ledger.store.batches import BatchGroup, BatchLease, BatchLeaseLost
-from ledger.store.schema import one_line
+from ledger.store.errors import DatabaseUnavailable
 from ledger.waits import Handoff, as_raised
 
 LOG = logging.getLogger("ledger.batches")
@@ -98,6 +98,8 @@ class BatchWorker:
         settings: Settings,
         worker_id: str,
         adapters: dict[str, BatchAdapter] | None = None,
+        *,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self.store = store
         self.lane = lane
@@ -110,7 +112,7 @@ class BatchWorker:
         self._said_unconfigured: set[str] = set()
         self._workdir = Path(tempfile.mkdtemp(prefix="ledger-batches-"))
         self.step_started = 0.0  # wall clock at the start of the step under way (for its events)
-        self.fallback = DeadlineFallback(store, lane, settings)
+        self.fallback = DeadlineFallback(store, lane, settings, metrics)
 
     # -- the loop --------------------------------------------------------------
 
@@ -176,7 +178,7 @@ class BatchWorker:
             LOG.warning("batch lease lost: step abandoned", extra={"details": {"error": str(exc)}})
         except ProviderError as exc:
             LOG.error("batch step failed at the provider", extra={"details": {"error": exc.message}})
-        except DBAPIError:
+        except DatabaseUnavailable:
             raise  # the lane already retried: the database is gone, and the daemon stops
         except Exception:  # a bug in one step must not take the daemon down; the lease expires
             LOG.exception("batch step failed; it is taken up again when its lease expires")
@@ -223,7 +225,7 @@ class BatchWorker:
                 async def renew() -> None:
                     while True:
                         await anyio.sleep(self.settings.lease_seconds / 3)
-                        with suppress(DBAPIError):  # the lane retried; the next try or the fence decides
+                        with suppress(DatabaseUnavailable):  # the lane retried; the next try or the fence decides
                             if not await self.lane.run(self.store.renew_batch, lease, self.settings.lease_seconds):
                                 lost.append(True)
                                 tg.cancel_scope.cancel()
@@ -579,43 +581,3 @@ def _encode_all(adapter: BatchAdapter, batch_id: int, key: str, rows: Sequence[A
         )
         for row in rows
     ]
-
-
-def cancel_batches(
-    store: Store, settings: Settings, *, batch_id: int | None = None, job_id: str | None = None
-) -> list[str]:
-    """Mark open batches canceled and send the cancel to the provider now (a daemon resends it at
-    its next poll if this fails). What the provider finished before the cancel is still mapped
-    back by the daemon; the rest of the batch's requests end `canceled`. One line per batch."""
-    marked = store.request_batch_cancel(batch_id=batch_id, job_id=job_id)
-    said = []
-    for batch in marked:
-        if batch["provider_batch_id"] is None:
-            said.append(f"batch {batch['id']}: canceled before it reached the provider")
-            continue
-        if batch["cancel_sent_at"] is not None:
-            said.append(f"batch {batch['id']}: cancel already sent to {batch['provider']}")
-            continue
-        adapter = make_batch_adapter(batch["provider"], settings)
-
-        async def send(adapter: BatchAdapter = adapter, provider_id: str = batch["provider_batch_id"]) -> str:
-            try:
-                return (await adapter.cancel(provider_id)).status
-            finally:
-                await adapter.aclose()
-
-        try:
-            status = anyio.run(send)
-        except ProviderError as exc:
-            said.append(f"batch {batch['id']}: cancel marked; the provider refused it for now ({exc.message})")
-            continue
-        try:
-            store.note_cancel_sent(int(batch["id"]))
-        except DBAPIError as exc:  # the cancel stays marked (committed above): a daemon sends it again
-            said.append(
-                f"batch {batch['id']}: {batch['provider']} says {status}; the ledger could not note it"
-                f" ({one_line(exc)}), so a daemon sends the cancel again at its next poll (unless the note landed)"
-            )
-            continue
-        said.append(f"batch {batch['id']}: {batch['provider']} says {status}; finished results are mapped back")
-    return said

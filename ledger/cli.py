@@ -7,35 +7,30 @@ traceback.
 
 from __future__ import annotations
 
-import json
 import shlex
-import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
-from ledger.cli_delivery import deadline_option, file_specs, job_delivery_json, print_estimate
+from ledger.cli_batches import register_batch_commands
 from ledger.cli_jobs import register_job_commands
 from ledger.cli_mock import register_mock_command
 from ledger.cli_pools import register_pool_commands
+from ledger.cli_requests import register_request_commands
+from ledger.cli_status import register_status_command
 from ledger.console import (
+    configure_logs,
     err,
     fail,
-    json_default,
     open_ledger,
     open_store,
     operator_errors,
     out,
     require_ledger,
     settings_or_exit,
-    text_of,
 )
-from ledger.enqueue import Defaults, dropped_warnings
-from ledger.settings import Settings
-from ledger.statuses import DeliveryChoice, RequestStatus
 
 app = typer.Typer(
     name="ledger",
@@ -63,366 +58,8 @@ def migrate() -> None:
     out.print("schema upgraded to head" if applied else "schema already at head")
 
 
-@app.command()
-def enqueue(
-    file: Annotated[
-        Path,
-        typer.Argument(
-            help="JSONL: OpenAI Batch input lines or bare chat request bodies ('-': standard input).",
-            show_default=False,
-        ),
-    ],
-    provider: Annotated[
-        str | None,
-        typer.Option(help="Provider for every line (openai, anthropic, azure, gemini, openai-compatible, mock)."),
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="Model for every line (overrides the file).")] = None,
-    delivery: Annotated[
-        DeliveryChoice | None,
-        typer.Option(
-            help="online: called by the daemon; batch: sent in provider batch jobs; auto: a batch, finished"
-            " online by --deadline."
-        ),
-    ] = None,
-    deadline: Annotated[
-        str | None,
-        typer.Option(help="With --delivery auto: a duration (90s, 45m, 6h, 2d) or an ISO-8601 time (default 24h)."),
-    ] = None,
-    job: Annotated[str | None, typer.Option(help="Job id the requests belong to.")] = None,
-    priority: Annotated[int | None, typer.Option(help="Higher runs sooner (default 0).")] = None,
-    parse: Annotated[
-        str | None,
-        typer.Option(help="Parse every answer as it comes: verdict (reasoning + VERDICT line) or json."),
-    ] = None,
-    no_cache: Annotated[
-        bool,
-        typer.Option("--no-cache", help="Call the provider for every line, even one the ledger has answered before."),
-    ] = False,
-    estimate: Annotated[
-        bool, typer.Option("--estimate", help="Write nothing: print what the file would cost at most, and cache hits.")
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="With --estimate: print one JSON object.")] = False,
-) -> None:
-    """Queue every line of FILE; lines seen before (same custom_id, same body) are skipped.
-
-    The whole file is checked before anything is written: a bad line, or a custom_id used
-    with a different body (in the file or in the ledger), exits 2 naming FILE:LINE.
-    """
-    from ledger.api import announce
-    from ledger.enqueue import STDIN
-    from ledger.intake import enqueue_file
-
-    if file != STDIN and not file.is_file():
-        fail(f"{file}: {'is a directory, not a file' if file.is_dir() else 'no such file'}")
-    settings = settings_or_exit()
-    configure_logs(settings)
-    deadline_at = deadline_option(deadline, delivery)  # before the store: a bad flag opens nothing
-    if parse is not None and parse not in ("verdict", "json"):
-        fail(f"--parse: unknown parser {parse!r} (known: verdict, json)")
-    defaults = Defaults(
-        provider=provider,
-        model=model,
-        delivery=delivery,
-        deadline=deadline_at,
-        job_id=job,
-        priority=priority,
-        parse=parse,
-        cache=False if no_cache else None,
-    )
-    if estimate:  # writes nothing, and opens an existing ledger only
-        print_estimate(file_specs(file, defaults, settings), settings, as_json)
-        return
-    store = open_store(settings)
-    with operator_errors():
-        result = enqueue_file(store, settings, file, defaults)
-    announce(result)
-    for line in dropped_warnings(result.dropped):
-        err.print(f"warning: {line}", highlight=False, soft_wrap=True, markup=False)
-    hits = f", {result.cached} answered from the cache" if result.cached else ""
-    twins = f", {result.twins} waiting for an identical request in flight" if result.twins else ""
-    dup = f", {result.duplicates} already queued (skipped)" if result.duplicates else ""
-    out.print(f"enqueued {result.inserted} request(s){hits}{twins}{dup}; {result.queue_depth} queued in total")
-
-
-@app.command("requests")
-def list_requests(
-    status: Annotated[RequestStatus | None, typer.Option(help="Only requests in this status.")] = None,
-    job: Annotated[str | None, typer.Option(help="Only requests of this job.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many rows.")] = 100,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
-) -> None:
-    """List requests with their status, attempts, last status code and usage."""
-    store = open_ledger(settings_or_exit())
-    rows = store.list_requests(status=status.value if status else None, job_id=job, limit=limit)
-    if as_json:
-        for row in rows:
-            sys.stdout.write(json.dumps(row, default=json_default) + "\n")
-        return
-    table = Table("id", "key", "job", "model", "status", "attempts", "last code", "tokens in/out", "ms")
-    for r in rows:
-        table.add_row(
-            str(r["id"]),
-            r["idempotency_key"][:28],
-            r["job_id"] or "",
-            r["model"],
-            r["status"],
-            str(r["attempts"]),
-            text_of(r["last_status_code"]),
-            f"{text_of(r['input_tokens'])}/{text_of(r['output_tokens'])}",
-            text_of(r["latency_ms"]),
-        )
-    out.print(table)
-
-
-@app.command()
-def show(
-    request_id: Annotated[int, typer.Argument(help="The request's id.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-) -> None:
-    """Show one request with all its attempts."""
-    store = open_ledger(settings_or_exit())
-    found = store.get_request(request_id)
-    if found is None:
-        fail(f"no request with id {request_id}", code=1)
-    if as_json:
-        sys.stdout.write(json.dumps(found, default=json_default, indent=2) + "\n")
-        return
-    attempts = found.pop("attempt_rows")
-    lineage = store.sources_of(request_id)
-    if found.get("batch_id") is not None:
-        batch_row = store.get_batch(found["batch_id"])
-        if batch_row is not None:
-            provider_id = text_of(batch_row["provider_batch_id"])
-            out.print(
-                f"[bold]batch[/]: {batch_row['id']} ({batch_row['provider']} {provider_id}, "
-                f"{batch_row['status']}; see ledger batches)",
-                highlight=False,
-            )
-    for key, value in found.items():
-        if value is not None and key not in _SHOWN_APART:
-            # One line each, as stored: a request's conversation is printed whole, never wrapped,
-            # and brackets in it are not styling.
-            out.print(Text.assemble((key, "bold"), f": {text_of(value)}"), highlight=False, soft_wrap=True)
-    _print_answer(found)
-    if lineage["sources"] or lineage["built_from_it"]:
-        out.print(f"sources: {', '.join(map(str, lineage['sources'])) or '-'}", highlight=False)
-        out.print(f"built from it: {', '.join(map(str, lineage['built_from_it'])) or '-'}", highlight=False)
-    table = Table("attempt", "outcome", "status", "error", "latency ms", "retry in", "started", "worker", "batch")
-    for a in attempts:
-        table.add_row(
-            str(a["attempt"]),
-            a["outcome"],
-            text_of(a["status_code"]),
-            text_of(a["error_code"]),
-            text_of(a["latency_ms"]),
-            "" if a["retry_delay_s"] is None else f"{a['retry_delay_s']:.1f} s",
-            text_of(a["started_at"]),
-            text_of(a["worker"]),
-            text_of(a["batch_id"]),
-        )
-    out.print(table)
-
-
-# What `show` prints in its own lines, after the columns: the answer and its usage.
-_SHOWN_APART = frozenset(
-    {
-        "input_tokens",
-        "output_tokens",
-        "cached_input_tokens",
-        "cache_write_tokens",
-        "reasoning_tokens",
-        "finish_reason",
-        "provider_finish_reason",
-        "tool_calls",
-        "refusal",
-        "thinking",
-        "response",
-        "sources",
-    }
-)
-
-
-def _print_answer(found: dict[str, Any]) -> None:
-    """The answer's fields beside its text: why it ended, tool calls, refusal, thinking, usage.
-    What a model wrote is printed as it is (`markup=False`): brackets in it are not styling."""
-    if found.get("finish_reason") is not None:
-        said = text_of(found.get("provider_finish_reason"))
-        out.print(
-            f"finish_reason: {found['finish_reason']} (provider: {said})", highlight=False, markup=False, soft_wrap=True
-        )
-    for call in found.get("tool_calls") or []:
-        line = f"tool call: {call.get('name')}({call.get('arguments')}) id {call.get('id')}"
-        out.print(line, highlight=False, markup=False, soft_wrap=True)
-    for key in ("refusal", "thinking"):
-        if found.get(key) is not None:
-            out.print(f"{key}: {text_of(found[key])}", highlight=False, markup=False, soft_wrap=True)
-    if found.get("input_tokens") is not None or found.get("output_tokens") is not None:
-        out.print(f"usage: {usage_line(found)}", highlight=False, soft_wrap=True)
-    if found.get("response") is not None:
-        size = len(json.dumps(found["response"]))
-        out.print(
-            f"response: the provider's body, {size} bytes as JSON (ledger show --json, ledger export --full)",
-            highlight=False,
-        )
-
-
-def usage_line(row: dict[str, Any]) -> str:
-    """`input 1200 (cached 1024, cache writes 0), output 300 (reasoning 64)`, with what is known."""
-    inside = [
-        f"{label} {row[key]}"
-        for key, label in (("cached_input_tokens", "cached"), ("cache_write_tokens", "cache writes"))
-        if row.get(key) is not None
-    ]
-    line = f"input {text_of(row.get('input_tokens'))}" + (f" ({', '.join(inside)})" if inside else "")
-    line += f", output {text_of(row.get('output_tokens'))}"
-    if row.get("reasoning_tokens") is not None:
-        line += f" (reasoning {row['reasoning_tokens']})"
-    return line
-
-
-@app.command()
-def export(
-    job: Annotated[str | None, typer.Option(help="Only requests of this job.")] = None,
-    out_file: Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")] = None,
-    full: Annotated[bool, typer.Option("--full", help="Add `response`: the provider's body as received.")] = False,
-) -> None:
-    """Export results as JSONL: custom_id, status, output, tool calls, finish reason, parsed fields, usage, cost."""
-    store = open_ledger(settings_or_exit())
-    target = out_file.open("w", encoding="utf-8") if out_file else sys.stdout
-    count = 0
-    try:
-        for row in store.export_rows(job_id=job, with_response=full):
-            line = export_line(row)
-            if full:
-                line["response"] = row["response"]
-            target.write(json.dumps(line, default=json_default) + "\n")
-            count += 1
-    finally:
-        if out_file:
-            target.close()
-    if out_file:
-        out.print(f"exported {count} request(s) to {out_file}")
-
-
-def export_line(row: dict[str, Any]) -> dict[str, Any]:
-    error = None
-    if row["status"] == RequestStatus.ERROR.value:
-        error = {
-            "code": row["error_code"],
-            "message": row["error_message"],
-            "status_code": row["last_status_code"],
-        }
-    return {
-        "custom_id": row["idempotency_key"],
-        "id": row["id"],
-        "job_id": row["job_id"],
-        "status": row["status"],
-        "model": row["model"],
-        "api": row["api"],
-        "output": row["raw_output"],
-        "finish_reason": row["finish_reason"],
-        "provider_finish_reason": row["provider_finish_reason"],
-        "tool_calls": row["tool_calls"],
-        "refusal": row["refusal"],
-        "thinking": row["thinking"],
-        "reasoning": row["reasoning"],
-        "verdict_text": row["verdict_text"],
-        "parsed_verdict": row["parsed_verdict"],
-        "parse_error": row["parse_error"],
-        "parsed": row["parsed"],
-        "sources": row["sources"],
-        "cached_from": row["cached_from"],
-        "sample": row["sample"],
-        "dropped_params": row["dropped_params"],
-        "usage": {
-            "input_tokens": row["input_tokens"],
-            "output_tokens": row["output_tokens"],
-            "cached_input_tokens": row["cached_input_tokens"],
-            "cache_write_tokens": row["cache_write_tokens"],
-            "reasoning_tokens": row["reasoning_tokens"],
-        },
-        "cost_usd": row["cost_usd"],
-        "answered_via": row["answered_via"],
-        "deadline": row["deadline"],
-        "attempts": row["attempts"],
-        "latency_ms": row["latency_ms"],
-        "error": error,
-        "trace": row["trace"],
-    }
-
-
-@app.command()
-def status(
-    job: Annotated[str | None, typer.Option(help="Only this job's counts.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-) -> None:
-    """Active jobs, requests per status, slots busy/total per pool, budget left today, job capacity."""
-    from ledger.cli_jobs import job_status, print_job_status
-
-    settings = settings_or_exit()
-    store = open_ledger(settings)
-    counts = store.status_counts(job)
-    usage = store.pool_usage()
-    busy = sum(u["running"] for u in usage.values())
-    hits, saved = store.cache_hits_today()
-    if as_json:
-        said = {
-            "requests": counts,
-            "slots": {
-                "global": {"busy": busy, "total": settings.max_concurrent_llm_calls},
-                "pools": {
-                    endpoint: {
-                        "busy": u["running"],
-                        "total": settings.pool_limit(endpoint),
-                        "queued": u["queued"],
-                        "paused_until": u["paused_until"],
-                        "paused_reason": u["paused_reason"],
-                    }
-                    for endpoint, u in sorted(usage.items())
-                },
-            },
-            **job_status(store, settings),
-            "cache": {"hits_today": hits, "saved_usd_today": round(saved, 10)},
-        }
-        if job is not None:
-            said["job"] = job_delivery_json(store, settings, job)
-        out.print_json(json.dumps(said, default=json_default))
-        return
-    print_job_status(job_status(store, settings))
-    out.print("requests: " + ", ".join(f"{k} {v}" for k, v in counts.items()), highlight=False)
-    if hits:
-        out.print(f"cache: {hits} answered from the cache today, ${saved:.4f} not spent again", highlight=False)
-    unpriced = store.unpriced_count(job)
-    if unpriced:
-        out.print(
-            f"{unpriced} completed request(s) have no cost: their models are not in the price table "
-            "(add them with LEDGER_PRICES_FILE)",
-            highlight=False,
-        )
-    pending = store.cancel_pending(job)
-    if pending:
-        line = f"{pending} running with a cancel pending: they end canceled when their call returns"
-        out.print(line, highlight=False)
-    out.print(f"slots: {busy}/{settings.max_concurrent_llm_calls} busy (global)", highlight=False)
-    table = Table("pool", "busy/limit", "learned limit (after 429s)", "queued", "cooldown until")
-    for endpoint, u in sorted(usage.items()):
-        table.add_row(
-            endpoint,
-            f"{u['running']}/{settings.pool_limit(endpoint)}",
-            text_of(u["learned_limit"]),
-            str(u["queued"]),
-            text_of(u["cooldown_until"]),
-        )
-    out.print(table)
-    for endpoint, u in sorted(usage.items()):
-        if u["paused_reason"]:
-            out.print(
-                f"pool {endpoint} paused until {text_of(u['paused_until'])}: {u['paused_reason']} "
-                f"(ledger pools resume {endpoint} lifts it)",
-                highlight=False,
-                soft_wrap=True,
-            )
-
+register_request_commands(app)
+register_status_command(app)
 
 pools_app = typer.Typer(
     help="Endpoint pools: what holds them back, and lifting a pause.", no_args_is_help=True, rich_markup_mode=None
@@ -444,98 +81,7 @@ def resume_pool(
     out.print(f"pool {pool} resumed: its requests are claimed again", highlight=False)
 
 
-@app.command()
-def cancel(
-    request_ids: Annotated[list[int] | None, typer.Argument(help="Request ids to cancel.")] = None,
-    job: Annotated[
-        str | None, typer.Option(help="Cancel every unfinished request of this job, and its provider batches.")
-    ] = None,
-    batch: Annotated[
-        int | None,
-        typer.Option(help="Cancel this provider batch (ledger id) at the provider; finished results are kept."),
-    ] = None,
-) -> None:
-    """Cancel requests that are not final yet (a call in flight keeps its slot until it returns)."""
-    from ledger.batches import cancel_batches
-
-    if not request_ids and not job and batch is None:
-        fail("give request ids, --job or --batch")
-    settings = settings_or_exit()
-    store = open_ledger(settings)
-    if batch is not None and store.get_batch(batch) is None:
-        fail(f"no batch with id {batch}", code=1)
-    if job and store.cancel_job(job):
-        out.print(f"job {job} canceled; other jobs go on", highlight=False, soft_wrap=True)
-    if request_ids or job:
-        result = store.cancel(ids=request_ids or None, job_id=job)
-        line = f"canceled {result.canceled} request(s)"
-        if result.in_flight:
-            line += f"; {result.in_flight} with a call in flight end canceled when the call returns"
-        out.print(line, highlight=False, soft_wrap=True)
-    if batch is not None or job:
-        with operator_errors():
-            said = cancel_batches(store, settings, batch_id=batch, job_id=job)
-        for line in said:
-            out.print(line, highlight=False, soft_wrap=True)
-        if batch is not None and not said:
-            out.print(f"batch {batch} is already over; nothing to cancel", highlight=False)
-
-
-@app.command()
-def batches(
-    limit: Annotated[int, typer.Option(help="At most this many batches, newest first.")] = 100,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
-) -> None:
-    """List provider batch jobs: status (ledger's and provider's), requests, failures, age, cost."""
-    store = open_ledger(settings_or_exit())
-    found = store.list_batches(limit)
-    if as_json:
-        for b in found:
-            line = {
-                "id": b["id"],
-                "provider": b["provider"],
-                "model": b["model"],
-                "provider_batch_id": b["provider_batch_id"],
-                "status": b["status"],
-                "provider_status": b["provider_status"],
-                "total": b["request_total"],
-                "completed": b["completed"],
-                "failed": b["failed"],
-                "age_s": b["age_s"],
-                "cost_usd": b["cost_usd"],
-            }
-            sys.stdout.write(json.dumps(line, default=json_default) + "\n")
-        return
-    table = Table(
-        "id",
-        "provider",
-        "model",
-        "provider batch",
-        "status",
-        "provider says",
-        "total",
-        "done",
-        "failed",
-        "age s",
-        "cost $",
-        "job",
-    )
-    for b in found:
-        table.add_row(
-            str(b["id"]),
-            b["provider"],
-            b["model"],
-            text_of(b["provider_batch_id"]),
-            b["status"],
-            text_of(b["provider_status"]),
-            str(b["request_total"]),
-            str(b["completed"]),
-            str(b["failed"]),
-            f"{b['age_s']:.0f}",
-            "" if b["cost_usd"] is None else f"{b['cost_usd']:.4f}",
-            text_of(b["job_id"]),
-        )
-    out.print(table)
+register_batch_commands(app)
 
 
 @app.command()
@@ -684,12 +230,6 @@ def _scale_demo(workdir: Path, daemons: int, limit: int, latency: float, kill_on
         soft_wrap=True,
     )
     out.print(f"ledger: {summary['database']}  (daemon logs in {workdir})", highlight=False, soft_wrap=True)
-
-
-def configure_logs(settings: Settings) -> None:
-    from ledger.events import configure_logging
-
-    configure_logging(settings.log_level)
 
 
 register_job_commands(app)

@@ -86,3 +86,10 @@ def json_default(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     return str(value)
+
+
+def configure_logs(settings: Settings) -> None:
+    """The JSON event lines at LEDGER_LOG_LEVEL, for a command that logs (enqueue, the daemon)."""
+    from ledger.events import configure_logging
+
+    configure_logging(settings.log_level)

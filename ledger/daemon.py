@@ -9,6 +9,7 @@ the next claim by any daemon puts those rows back in the queue.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import secrets
@@ -18,10 +19,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
-from sqlalchemy.exc import DBAPIError
+from anyio.abc import TaskGroup
 
 from adapters.base import Adapter
 from adapters.batch_interface import BatchAdapter
@@ -29,12 +30,14 @@ from ledger import events
 from ledger.batches import BatchWorker
 from ledger.executor import CallContext
 from ledger.jobs import Coordinator
-from ledger.metrics import serve_metrics
+from ledger.metrics import NO_METRICS, ServedMetrics, serve_metrics
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.scheduler import Scheduler
 from ledger.settings import Settings
 from ledger.store import Store
+from ledger.store.errors import DatabaseUnavailable
+from ledger.store.rows import ReleasedRows
 from ledger.store.schema import one_line
 from ledger.waits import first_done
 
@@ -143,51 +146,55 @@ async def _run(
     handle_signals: bool,
 ) -> DaemonReport:
     worker = worker_id or default_worker_id()
-    # The lane retries dropped connections; a session of ours frozen inside a transaction (the
-    # claim lock held) is ended by the server within a quarter lease (at least 1 s), so the
-    # other daemons go on.
-    idle_bound = max(settings.lease_seconds / 4, 1.0)
-    store = Store(
-        settings.database_url, ping_on_checkout=False, idle_in_transaction_s=idle_bound, background_checkpoints=True
-    )
-    store.pool_probe_seconds = settings.pool_probe_seconds
-    store.pool_rules = settings.pool_rules
+    store = _open_store(settings)
     try:
         served = serve_metrics(settings)  # None without a metrics port: nothing listens
     except BaseException:
         store.close()
         raise
-    lane = DbLane(settings.db_retry_seconds)
-    stop = stop or anyio.Event()
     started = time.monotonic()
-    signalled = False
-    scheduler: Scheduler
-    recorder = Recorder(store, lane, lambda claim: scheduler.slot_freed(claim), lambda: scheduler.claim_args())
-    policy = RetryPolicy(settings.retry_initial_delay, settings.retry_max_delay, settings.retry_max_attempts)
-    scheduler = Scheduler(
-        CallContext(
-            store,
-            lane,
-            recorder,
-            policy,
-            settings.llm_call_timeout,
-            settings.prices,
-            settings.keeps_response,
-            settings.quota_recheck_seconds,
-            settings.rate_limit_give_up_seconds,
-        ),
-        settings,
-        worker,
-        adapters,
+    daemon = _Daemon.build(settings, store, served, worker, adapters, batch_adapters, stop or anyio.Event(), until_idle)
+    _announce(settings, worker, store, served)
+    try:
+        async with anyio.create_task_group() as services:
+            await daemon.start_services(services, handle_signals)
+            await daemon.work()
+            released = await daemon.shut_down()
+            daemon.stop.set()
+            services.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        cause = _database_failure(group)
+        if cause is None:  # anything else is a bug: show all of it
+            raise
+        raise DatabaseFailed(
+            f"database failed, daemon stopped: {one_line(cause)} "
+            "(requests in flight go back to the queue when their leases expire)"
+        ) from cause
+    finally:
+        if served is not None:
+            served.close()
+        store.close()
+    state = daemon.scheduler.state
+    return DaemonReport(
+        state.claimed_total, state.reclaimed_total, len(released.requests), time.monotonic() - started, daemon.signalled
     )
-    if served is not None:
-        recorder.metrics = scheduler.metrics = scheduler.leases.metrics = served.metrics
-    batch_worker = BatchWorker(store, lane, settings, worker, batch_adapters)
-    if served is not None:
-        batch_worker.fallback.metrics = served.metrics
-    coordinator = Coordinator(store, lane, settings)
-    scheduler.idle = coordinator.calls_answered
-    scheduler.ready = _tuning.freeze_what_is_built  # what it built to keep is out of the collector's reach
+
+
+def _open_store(settings: Settings) -> Store:
+    """The daemon's store. The lane retries dropped connections; a session of ours frozen inside
+    a transaction (the claim lock held) is ended by the server within a quarter lease (at least
+    1 s), so the other daemons go on."""
+    return Store(
+        settings.database_url,
+        ping_on_checkout=False,
+        idle_in_transaction_s=max(settings.lease_seconds / 4, 1.0),
+        background_checkpoints=True,
+        pool_rules=settings.pool_rules,
+        pool_probe_seconds=settings.pool_probe_seconds,
+    )
+
+
+def _announce(settings: Settings, worker: str, store: Store, served: ServedMetrics | None) -> None:
     events.started(
         worker_id=worker,
         max_concurrent_llm_calls=settings.max_concurrent_llm_calls,
@@ -207,87 +214,142 @@ async def _run(
         metrics=served.url if served is not None else None,
     )
 
-    no_grace = anyio.Event()
-    renewing = anyio.CancelScope()
 
-    async def keep_leases() -> None:
-        with renewing:
-            await scheduler.leases.run()
+@dataclass
+class _Daemon:
+    """The parts of one run, built whole by `build`, and the steps that run and stop them."""
 
-    async def watch_signals() -> None:
-        nonlocal signalled
+    settings: Settings
+    worker: str
+    store: Store
+    lane: DbLane
+    served: ServedMetrics | None
+    recorder: Recorder
+    scheduler: Scheduler
+    batch_worker: BatchWorker
+    coordinator: Coordinator
+    stop: anyio.Event
+    until_idle: bool
+    signalled: bool = False
+    no_grace: anyio.Event = field(default_factory=anyio.Event)  # a second signal: no more grace
+    batch_done: anyio.Event = field(default_factory=anyio.Event)
+    renewing: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        store: Store,
+        served: ServedMetrics | None,
+        worker: str,
+        adapters: dict[str, Adapter] | None,
+        batch_adapters: dict[str, BatchAdapter] | None,
+        stop: anyio.Event,
+        until_idle: bool,
+    ) -> _Daemon:
+        metrics = served.metrics if served is not None else NO_METRICS
+        lane = DbLane(settings.db_retry_seconds)
+        recorder = Recorder(store, lane, metrics=metrics)
+        policy = RetryPolicy(settings.retry_initial_delay, settings.retry_max_delay, settings.retry_max_attempts)
+        context = CallContext(
+            store,
+            lane,
+            recorder,
+            policy,
+            settings.llm_call_timeout,
+            settings.prices,
+            settings.keeps_response,
+            settings.quota_recheck_seconds,
+            settings.rate_limit_give_up_seconds,
+        )
+        coordinator = Coordinator(store, lane, settings)
+        # `ready`: what the scheduler built to keep is out of the collector's reach.
+        scheduler = Scheduler(
+            context,
+            settings,
+            worker,
+            adapters,
+            metrics=metrics,
+            idle=coordinator.calls_answered,
+            ready=_tuning.freeze_what_is_built,
+        )
+        recorder.refill_through(scheduler)
+        batch_worker = BatchWorker(store, lane, settings, worker, batch_adapters, metrics=metrics)
+        return cls(
+            settings, worker, store, lane, served, recorder, scheduler, batch_worker, coordinator, stop, until_idle
+        )
+
+    async def start_services(self, services: TaskGroup, handle_signals: bool) -> None:
+        """The recorder, the lease heartbeat, the signal watch and the metrics reading."""
+        await services.start(self.recorder.run)
+        services.start_soon(self.keep_leases)
+        if handle_signals:
+            services.start_soon(self.watch_signals)
+        if self.served is not None:
+            # A lane of its own: the reading never waits behind, nor holds up, the recorder's commits.
+            reads = DbLane(abandon_on_cancel=True)
+            services.start_soon(
+                self.served.metrics.keep_reading,
+                functools.partial(reads.run_within, 0, self.store.ledger_counts),
+                self.settings.metrics_interval,
+            )
+
+    async def work(self) -> None:
+        """Claim, call and record, run batches and jobs, until stopped or (`until_idle`) done.
+        After a stop, calls in flight and the batch step under way get the grace period;
+        submitted batches stay with the provider and are picked up again at the next start."""
+        async with anyio.create_task_group() as work:
+            work.start_soon(self.run_batches)
+            work.start_soon(self.run_jobs)
+            await self.scheduler.run(work, until_idle=self.until_idle, stop=self.stop)
+            self.coordinator.look_now()  # nothing left to claim: the coordinator need not wait for its poll
+            if self.stop.is_set():
+                with anyio.move_on_after(self.settings.shutdown_grace):
+                    await first_done(self.scheduler.wait_all_done, self.no_grace.wait)
+                    await first_done(self.batch_done.wait, self.no_grace.wait)
+                work.cancel_scope.cancel()
+
+    async def shut_down(self) -> ReleasedRows:
+        """Write what is pending, stop the heartbeat, give back the slots of calls cut off and
+        retire the worker; shielded, so a cancel cannot leave it half done."""
+        with anyio.CancelScope(shield=True):
+            await self.recorder.flush()
+            self.renewing.cancel()  # no heartbeat may land after this worker retires
+            await self.scheduler.leases.settled(timeout=5)
+            released = await self.lane.run(self.store.release_worker, self.worker, self.settings.retry_max_attempts)
+            await self.lane.run(self.store.retire_worker, self.worker)
+            self.scheduler.announce_released(released, "gave back slots of calls cut off at stop")
+            await self.scheduler.close_adapters()
+        return released
+
+    async def keep_leases(self) -> None:
+        with self.renewing:
+            await self.scheduler.leases.run()
+
+    async def watch_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
             async for _ in received:
-                if signalled:  # second signal: no more grace
-                    no_grace.set()
-                signalled = True
-                stop.set()
+                if self.signalled:  # second signal: no more grace
+                    self.no_grace.set()
+                self.signalled = True
+                self.stop.set()
 
-    batch_done = anyio.Event()
-
-    async def run_batches() -> None:
+    async def run_batches(self) -> None:
         try:
-            await batch_worker.run(stop=stop, until_idle=until_idle, progressed=coordinator.look_now)
+            progressed = self.coordinator.look_now
+            await self.batch_worker.run(stop=self.stop, until_idle=self.until_idle, progressed=progressed)
         finally:
-            batch_done.set()
-            scheduler.look_now()
+            self.batch_done.set()
+            self.scheduler.look_now()
 
-    try:
-        async with anyio.create_task_group() as services:
-            await services.start(recorder.run)
-            services.start_soon(keep_leases)
-            if handle_signals:
-                services.start_soon(watch_signals)
-            if served is not None:
-                # A lane of its own: the reading never waits behind, nor holds up, the recorder's commits.
-                reads = DbLane(abandon_on_cancel=True)
-                services.start_soon(
-                    served.metrics.keep_reading,
-                    lambda: reads.run_within(0, store.ledger_counts),
-                    settings.metrics_interval,
-                )
-            async with anyio.create_task_group() as work:
-                work.start_soon(run_batches)
-                work.start_soon(lambda: coordinator.run(stop=stop, until_idle=until_idle, stepped=scheduler.look_now))
-                await scheduler.run(work, until_idle=until_idle, stop=stop)
-                coordinator.look_now()  # nothing left to claim: the coordinator need not wait for its poll
-                if stop.is_set():
-                    # Calls in flight and the batch step under way get the grace period; submitted
-                    # batches stay with the provider and are picked up again at the next start.
-                    with anyio.move_on_after(settings.shutdown_grace):
-                        await first_done(scheduler.wait_all_done, no_grace.wait)
-                        await first_done(batch_done.wait, no_grace.wait)
-                    work.cancel_scope.cancel()
-            with anyio.CancelScope(shield=True):
-                await recorder.flush()
-                renewing.cancel()  # no heartbeat may land after this worker retires
-                await scheduler.leases.settled(timeout=5)
-                released = await lane.run(store.release_worker, worker, settings.retry_max_attempts)
-                await lane.run(store.retire_worker, worker)
-                scheduler.announce_released(released, "gave back slots of calls cut off at stop")
-                await scheduler.close_adapters()
-            stop.set()
-            services.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        failed, other = group.split(DBAPIError)
-        if failed is None or other is not None:  # anything else is a bug: show all of it
-            raise
-        cause = _first_leaf(failed)
-        raise DatabaseFailed(
-            f"database failed, daemon stopped: {one_line(cause)} "
-            "(requests in flight go back to the queue when their leases expire)"
-        ) from cause
-    finally:
-        if served is not None:
-            served.close()
-        store.close()
-    return DaemonReport(
-        scheduler.state.claimed_total,
-        scheduler.state.reclaimed_total,
-        len(released.requests),
-        time.monotonic() - started,
-        signalled,
-    )
+    async def run_jobs(self) -> None:
+        await self.coordinator.run(stop=self.stop, until_idle=self.until_idle, stepped=self.scheduler.look_now)
+
+
+def _database_failure(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The database's error if that is all the group holds (the daemon stops with one line)."""
+    failed, other = group.split(DatabaseUnavailable)
+    return None if failed is None or other is not None else _first_leaf(failed)
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -15,11 +15,11 @@ from ledger.store import Store
 class DeadlineFallback:
     """One per batch worker."""
 
-    def __init__(self, store: Store, lane: DbLane, settings: Settings) -> None:
+    def __init__(self, store: Store, lane: DbLane, settings: Settings, metrics: Metrics = NO_METRICS) -> None:
         self.store = store
         self.lane = lane
         self.margin = settings.deadline_margin_seconds
-        self.metrics: Metrics = NO_METRICS  # the daemon's, when it serves metrics
+        self.metrics = metrics  # the daemon's, when it serves metrics
 
     async def check(self) -> bool:
         """Move what has reached its margin; True if anything was done. Most cycles find nothing

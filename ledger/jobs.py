@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import DBAPIError
 
 from adapters.registry import STRUCTURED_OUTPUT_PROVIDERS
 from ledger import events
@@ -37,6 +36,7 @@ from ledger.spec import JobSpec
 from ledger.statuses import JobStatus
 from ledger.store import Store
 from ledger.store.dialect import as_utc
+from ledger.store.errors import DatabaseUnavailable
 from ledger.store.jobs import Staged, TriggerRefused
 from ledger.waits import first_done
 
@@ -295,7 +295,7 @@ class Coordinator:
         """
         try:
             return await self.lane.run(advance, self.store, self.settings, job)
-        except DBAPIError:
+        except DatabaseUnavailable:
             raise
         except Exception as exc:  # the error boundary of one job (D4)
             message = f"{type(exc).__name__}: {exc}".splitlines()[0]

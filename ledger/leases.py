@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable, Collection
 
 import anyio
-from sqlalchemy.exc import DBAPIError
 
 from ledger.metrics import NO_METRICS, Metrics
 from ledger.record import DbLane
 from ledger.settings import Settings
 from ledger.store import Store
 from ledger.store.claim import Held
+from ledger.store.errors import DatabaseUnavailable
 from ledger.store.schema import one_line
 
 LOG = logging.getLogger("ledger.leases")
@@ -40,11 +40,18 @@ class LeaseKeeper:
     metrics: Metrics = NO_METRICS  # the daemon's, when it serves metrics
 
     def __init__(
-        self, store: Store, settings: Settings, worker_id: str, answered: Callable[[], Collection[Held]] = frozenset
+        self,
+        store: Store,
+        settings: Settings,
+        worker_id: str,
+        answered: Callable[[], Collection[Held]] = frozenset,
+        *,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         """`answered`: the leases whose outcomes are with the recorder (written or about to be):
         a renewal that no longer finds those running is seeing them finish, not lost."""
         self._store = store
+        self.metrics = metrics
         self._answered = answered
         self._worker = worker_id
         self._lease = settings.lease_seconds
@@ -136,7 +143,7 @@ class LeaseKeeper:
                 renewed = await self._lane.run_within(
                     min(budget, self._retry_seconds), self._renew_in_thread, keys, deadline
                 )
-            except DBAPIError as exc:
+            except DatabaseUnavailable as exc:
                 return [], one_line(exc)
             except TimeoutError:
                 return [], "the renewal did not finish in time"

@@ -24,7 +24,7 @@ import queue
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
@@ -34,6 +34,7 @@ from ledger import events
 from ledger.metrics import NO_METRICS, Metrics
 from ledger.store import Store
 from ledger.store.dialect import is_transient
+from ledger.store.errors import database_unavailable
 from ledger.store.rows import Claim, Completed, Failed, Outcome, Recorded, ReleasedRows, RetryLater, Written
 from ledger.store.schema import one_line
 
@@ -68,8 +69,12 @@ class DbLane:
         return await self.run_within(self._retry_seconds, fn, *args, **kwargs)
 
     async def run_within(self, retry_seconds: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`run`, retrying for `retry_seconds` instead of the lane's own window."""
-        call = functools.partial(fn, *args, **kwargs)
+        """`run`, retrying for `retry_seconds` instead of the lane's own window. What still fails
+        with the driver's error reaches the caller as the store's `DatabaseUnavailable`."""
+        with database_unavailable():
+            return await self._retried(retry_seconds, functools.partial(fn, *args, **kwargs))
+
+    async def _retried(self, retry_seconds: float, call: Callable[[], T]) -> T:
         try:  # the common case, without building a retry loop
             return await self._in_thread(call)
         except Exception as exc:
@@ -163,6 +168,14 @@ def _frees_slot(outcome: Outcome) -> bool:
     return isinstance(outcome, Completed | Failed) or (isinstance(outcome, RetryLater) and not outcome.hold_slot)
 
 
+class SlotRefiller(Protocol):
+    """What the recorder asks of the scheduler: whether and how to claim, and where a claim goes."""
+
+    def slot_freed(self, claim: Claim | None = None) -> None: ...
+
+    def claim_args(self) -> dict[str, Any] | None: ...
+
+
 class Recorder:
     """Collects outcomes from executors and writes them in groups.
 
@@ -185,10 +198,13 @@ class Recorder:
         self,
         store: Store,
         lane: DbLane,
-        on_slot_freed: Callable[[Claim | None], None],
+        on_slot_freed: Callable[[Claim | None], None] = lambda _claim: None,
         claim_args: Callable[[], dict[str, Any] | None] = lambda: None,
+        *,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self._store = store
+        self.metrics = metrics
         self._lane = lane
         self._on_slot_freed = on_slot_freed
         self._claim_args = claim_args
@@ -200,6 +216,12 @@ class Recorder:
         self._in_hand: dict[tuple[int, int], int] = {}
         self._wake = anyio.Event()
         self._stopped = False
+
+    def refill_through(self, scheduler: SlotRefiller) -> None:
+        """The daemon's scheduler and its recorder each need the other (executors hand outcomes
+        to the recorder, which hands freed slots back to the scheduler): linked once both exist."""
+        self._on_slot_freed = scheduler.slot_freed
+        self._claim_args = scheduler.claim_args
 
     async def submit(self, outcome: Outcome) -> Written:
         """Queue an outcome and wait until it is committed.

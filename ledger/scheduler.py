@@ -44,9 +44,20 @@ class Scheduler:
     metrics: Metrics = NO_METRICS  # the daemon's, when it serves metrics
 
     def __init__(
-        self, ctx: CallContext, settings: Settings, worker_id: str, adapters: dict[str, Adapter] | None = None
+        self,
+        ctx: CallContext,
+        settings: Settings,
+        worker_id: str,
+        adapters: dict[str, Adapter] | None = None,
+        *,
+        metrics: Metrics = NO_METRICS,
+        idle: Callable[[], None] = lambda: None,
+        ready: Callable[[], None] = lambda: None,
     ) -> None:
+        """`idle` is called when the last call in flight has ended (the daemon steps its jobs
+        then); `ready` once the adapters the queued work needs are built, before the first claim."""
         self.ctx = ctx
+        self.metrics = metrics
         self.settings = settings
         self.worker_id = worker_id
         self.state = SchedulerState()
@@ -58,14 +69,12 @@ class Scheduler:
         self._tg: TaskGroup | None = None
         # Executors that finished a request wait here for the next one (see `_start`).
         self._idle_executors = IdleTakers[ClaimedRequest]()
-        self.leases = LeaseKeeper(ctx.store, settings, worker_id, ctx.recorder.in_hand)
+        self.leases = LeaseKeeper(ctx.store, settings, worker_id, ctx.recorder.in_hand, metrics=metrics)
         self._stopping = False
         self._stop = anyio.Event()
         self._last_reclaim = -float("inf")
-        # Called when the last call in flight has ended (the daemon steps its jobs then).
-        self.idle: Callable[[], None] = lambda: None
-        # Called once the adapters the queued work needs are built, before the first claim.
-        self.ready: Callable[[], None] = lambda: None
+        self.idle = idle
+        self.ready = ready
         self.limits: dict[str, Any] = {
             "lease_seconds": settings.lease_seconds,
             "global_limit": settings.max_concurrent_llm_calls,

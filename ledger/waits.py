@@ -30,7 +30,7 @@ async def first_done(*waits: Callable[[], Awaitable[object]]) -> None:
 @contextmanager
 def as_raised() -> Iterator[None]:
     """A task group that failed with one exception re-raises that exception, not a group of one,
-    so callers' `except BatchLeaseLost` / `except DBAPIError` see what really happened."""
+    so callers' `except BatchLeaseLost` / `except DatabaseUnavailable` see what really happened."""
     try:
         yield
     except BaseExceptionGroup as group:

@@ -16,6 +16,7 @@ from ledger.store.intake import IntakeQueries
 from ledger.store.jobs import ACTIVE_JOBS, JobQueries
 from ledger.store.lineage import LineageQueries
 from ledger.store.pool_overrides import PoolOverrideQueries
+from ledger.store.pools import NO_RULES, PoolRules
 from ledger.store.queue import REQUESTS_LEFT, EnqueueResult, QueueQueries
 from ledger.store.schema import DatabaseError, open_engine
 
@@ -48,11 +49,19 @@ class Store(
         ping_on_checkout: bool = True,
         idle_in_transaction_s: float | None = None,
         background_checkpoints: bool = False,
+        pool_rules: PoolRules = NO_RULES,
+        pool_probe_seconds: float = 60.0,
     ) -> None:
         """`background_checkpoints` (the daemon's): SQLite's WAL is copied back into the database
-        file by a thread of the store's, not inside the commits (`checkpoints.py`)."""
+        file by a thread of the store's, not inside the commits (`checkpoints.py`). `pool_rules`:
+        RPM/TPM caps and slow start (LEDGER_POOL_RPM, _TPM, _SLOW_START); `pool_probe_seconds`: how
+        long a learned limit stands before one more slot is tried (LEDGER_POOL_PROBE_SECONDS)."""
         self.url = url
         self.job_caps = {}
+        self.pool_rules = pool_rules
+        self.pool_probe_seconds = pool_probe_seconds
+        self.learning = set()
+        self.windowed = set()
         self.engine, self.dialect = open_engine(
             url,
             ping_on_checkout=ping_on_checkout,

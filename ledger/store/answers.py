@@ -37,19 +37,35 @@ def answer_columns() -> list[ColumnClause[Any]]:
     ]
 
 
+# The request columns an answer fills beside its text, usage and cost: the one list of them, which
+# the response cache copies (`cache.py`) and `ledger show` prints apart (`cli_requests.py`).
+ANSWER_FIELDS = (
+    "cached_input_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "finish_reason",
+    "provider_finish_reason",
+    "tool_calls",
+    "refusal",
+    "thinking",
+    "response",
+)
+
+
 def answer_values(v: Any) -> dict[str, Any]:
-    """Request column -> the bound set's column (`v`: the set's `.c`) for an answer's fields."""
-    return {
-        "cached_input_tokens": v.tcached,
-        "cache_write_tokens": v.twrite,
-        "reasoning_tokens": v.treason,
-        "finish_reason": v.finish,
-        "provider_finish_reason": v.pfinish,
-        "tool_calls": jsonb_text(v.tools),  # JSONB on PostgreSQL: queried in audits
-        "refusal": v.refusal,
-        "thinking": v.thinking,
-        "response": json_text(v.resp),
-    }
+    """Request column (`ANSWER_FIELDS`, in order) -> the bound set's column (`v`: the set's `.c`)."""
+    bound = (
+        v.tcached,
+        v.twrite,
+        v.treason,
+        v.finish,
+        v.pfinish,
+        jsonb_text(v.tools),  # JSONB on PostgreSQL: queried in audits
+        v.refusal,
+        v.thinking,
+        json_text(v.resp),
+    )
+    return dict(zip(ANSWER_FIELDS, bound, strict=True))
 
 
 def answer_row(answer: Any) -> dict[str, Any]:

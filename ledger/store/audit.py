@@ -9,15 +9,12 @@ from typing import Any
 from sqlalchemy import case, column, func, select, table
 from sqlalchemy.engine import Engine
 
-from ledger.models import BATCH_AUDIT_VIEW, LlmAttempt, LlmBatch, LlmPool, LlmRequest
+from ledger.models import BATCH_AUDIT_VIEW
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
-from ledger.store import cache
+from ledger.store import cache, tables
 from ledger.store.commit import reading
 from ledger.store.dialect import db_now, seconds_between
-
-requests = LlmRequest.__table__  # type: ignore[attr-defined]
-attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
-pools = LlmPool.__table__  # type: ignore[attr-defined]
+from ledger.store.tables import attempts, pools, requests
 
 LIST_COLUMNS = (
     "id",
@@ -149,7 +146,7 @@ class AuditQueries:
                 )
             ),
         )
-        batches_t = LlmBatch.__table__  # type: ignore[attr-defined]
+        batches_t = tables.batches
         query = (
             select(view, batches_t.c.created_at)
             .join(batches_t, batches_t.c.id == view.c.id)

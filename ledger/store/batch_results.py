@@ -32,13 +32,14 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.statuses import AnsweredVia, AttemptOutcome, RequestStatus
 from ledger.store import answers
-from ledger.store.batches import SUBMITTED, BatchLease, _fence, _in_batch, _status, batches
+from ledger.store.batches import SUBMITTED, BatchLease, _fence, _in_batch, _status
 from ledger.store.cache import ANY_TWIN, ENDED, TWINS_ANSWERED, TWINS_RELEASED
-from ledger.store.claim import QUEUED, attempts, requests
+from ledger.store.claim import QUEUED
 from ledger.store.commit import transaction
 from ledger.store.deadlines import ANSWERED_LATE, FALLBACK, detach
 from ledger.store.dialect import Dialect, db_now, db_now_plus, storable, unindexed
 from ledger.store.row_sets import bound_rows
+from ledger.store.tables import attempts, batches, requests
 
 _r, _b, _a = requests.c, batches.c, attempts.c
 _CHUNK = 1000  # lines per set of statements when ending a batch's unanswered requests

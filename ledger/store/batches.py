@@ -37,16 +37,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.expression import ColumnElement
 
-from ledger.models import LlmBatch
 from ledger.statuses import AttemptOutcome, BatchStatus, Delivery, RequestStatus
-from ledger.store.claim import QUEUED, Budget, attempts, requests
+from ledger.store.claim import QUEUED, Budget
 from ledger.store.commit import any_row, reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus, unindexed
 from ledger.store.row_sets import bound_rows
 from ledger.store.schema import one_line
+from ledger.store.tables import attempts, batches, requests
 
-batches = LlmBatch.__table__  # type: ignore[attr-defined]
 _r, _b, _a = requests.c, batches.c, attempts.c
 
 LOG = logging.getLogger("ledger.store")
@@ -405,7 +405,7 @@ class BatchQueries:
 
     def request_batch_cancel(self, *, batch_id: int | None = None, job_id: str | None = None) -> list[dict[str, Any]]:
         """Mark open batches for cancel; returns them (id, status, provider, provider_batch_id)."""
-        where = [_b.status.in_(OPEN_BATCH)]
+        where: list[ColumnElement[bool]] = [_b.status.in_(OPEN_BATCH)]
         if batch_id is not None:
             where.append(_b.id == batch_id)
         if job_id is not None:

@@ -29,10 +29,10 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ledger.models import Job, LlmAttempt, LlmBatch, LlmPool, LlmPoolCall, LlmWorker, Opinion
 from ledger.statuses import RequestStatus
-from ledger.store.claim import requests
 from ledger.store.commit import reading
 from ledger.store.dialect import Dialect, as_utc, db_now, db_now_plus, seconds_between, unindexed
 from ledger.store.jobs import progress_columns, progress_of
+from ledger.store.tables import requests
 
 jobs = Job.__table__  # type: ignore[attr-defined]
 opinions = Opinion.__table__  # type: ignore[attr-defined]

@@ -36,31 +36,17 @@ from sqlalchemy import BigInteger, and_, bindparam, case, column, func, not_, or
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import ColumnElement
 
-from ledger.models import LlmRequest
 from ledger.statuses import RequestStatus
+from ledger.store.answers import ANSWER_FIELDS
 from ledger.store.dialect import Dialect, db_now, db_now_plus, db_today, unindexed
 from ledger.store.row_sets import bound_rows, ids_in
+from ledger.store.tables import requests
 
-requests = LlmRequest.__table__  # type: ignore[attr-defined]
 _r = requests.c
 QUEUED, RUNNING, COMPLETED = RequestStatus.QUEUED.value, RequestStatus.RUNNING.value, RequestStatus.COMPLETED.value
 IN_FLIGHT = (QUEUED, RUNNING, RequestStatus.SUBMITTED.value)
 # The answer's columns a hit copies, and its parsed fields (copied when both parse alike).
-ANSWER_COLUMNS = (
-    "raw_output",
-    "input_tokens",
-    "output_tokens",
-    "cached_input_tokens",
-    "cache_write_tokens",
-    "reasoning_tokens",
-    "finish_reason",
-    "provider_finish_reason",
-    "tool_calls",
-    "refusal",
-    "thinking",
-    "response",
-    "last_status_code",
-)
+ANSWER_COLUMNS = ("raw_output", "input_tokens", "output_tokens", *ANSWER_FIELDS, "last_status_code")
 DERIVED_COLUMNS = ("reasoning", "verdict_text", "parsed_verdict", "parse_error", "parsed", "parsed_at")
 # A source at most this old when LEDGER_CACHE_MAX_AGE_DAYS is unset: a hundred years.
 NO_AGE_LIMIT_DAYS = 36_500

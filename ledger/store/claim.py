@@ -39,7 +39,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.models import Job, LlmAttempt, LlmRequest, LlmWorker
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.cache import sweep_twins
@@ -48,11 +47,7 @@ from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, re
 from ledger.store.pool_overrides import read_overrides
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
-
-requests = LlmRequest.__table__  # type: ignore[attr-defined]
-attempts = LlmAttempt.__table__  # type: ignore[attr-defined]
-workers = LlmWorker.__table__  # type: ignore[attr-defined]
-jobs = Job.__table__  # type: ignore[attr-defined]
+from ledger.store.tables import attempts, jobs, requests, workers
 
 RUNNING = RequestStatus.RUNNING.value
 QUEUED = RequestStatus.QUEUED.value
@@ -63,7 +58,7 @@ _CANDIDATES_PER_SLOT = 4
 # Candidates a group commit reads ahead beyond the slots its group frees. Four per slot, as
 # a claim of its own reads, cost each request three rows read and dropped (a twentieth of
 # the lane's time on SQLite): one pool is the usual case, and a claim whose read
-# ahead fell short (a full pool's rows crowding the others) reads again (`_claim_in`).
+# ahead fell short (a full pool's rows crowding the others) reads again (`claim_in`).
 _READ_AHEAD_SPARE = 8
 # A lease a worker holds, as it knows it: (request id, lease token).
 Held = tuple[int, int]
@@ -192,14 +187,15 @@ class ClaimQueries:
 
     engine: Engine
     dialect: Dialect
-    # Pools with a learned limit as of this process's last claim: only their successes are counted.
-    learning: set[str] = set()  # noqa: RUF012 - replaced, never mutated
-    # Pools held to what the provider's headers allowed, as of this process's last claim.
-    windowed: set[str] = set()  # noqa: RUF012 - replaced, never mutated
-    # How long a learned limit stands before one more slot is tried (LEDGER_POOL_PROBE_SECONDS).
-    pool_probe_seconds: float = 60.0
-    # RPM/TPM caps and slow start (LEDGER_POOL_RPM, _TPM, _SLOW_START; the daemon sets them).
-    pool_rules: pool_state.PoolRules = pool_state.NO_RULES
+    # Each set in Store's constructor, one per store (never shared between stores):
+    # pools with a learned limit as of this store's last claim: only their successes are counted;
+    learning: set[str]
+    # pools held to what the provider's headers allowed, as of this store's last claim;
+    windowed: set[str]
+    # how long a learned limit stands before one more slot is tried (LEDGER_POOL_PROBE_SECONDS);
+    pool_probe_seconds: float
+    # RPM/TPM caps and slow start (LEDGER_POOL_RPM, _TPM, _SLOW_START).
+    pool_rules: pool_state.PoolRules
     # Job id -> its own budget (None: none): fixed when the job is staged, so looked up once (Store sets it).
     job_caps: dict[str, float | None]
 
@@ -211,12 +207,12 @@ class ClaimQueries:
         """Take as many due requests as free slots allow, in one serialised transaction."""
         with transaction(self.engine, self.dialect) as conn:
             self.dialect.serialize_claimers(conn)
-            return self._claim_in(conn, worker, **limits)
+            return self.claim_in(conn, worker, **limits)
 
     def claim_reads(self, worker: str, lease_seconds: float, expected: int) -> ClaimReads:
         """The claim's reads (slots in use, pool state, due candidates for about `expected` free
         slots), for a caller to send with its own statements: a group commit sends them with the
-        group's writes, one round trip on PostgreSQL. Its claim (`_claim_in(read=...)`) reads
+        group's writes, one round trip on PostgreSQL. Its claim (`claim_in(read=...)`) reads
         more candidates only if these were too few, or crowded out by a full pool's."""
         asked = max(expected, 1) + _READ_AHEAD_SPARE
         return ClaimReads([*self._state_reads(worker, lease_seconds), self._candidate_read((), asked)], asked)
@@ -227,7 +223,7 @@ class ClaimQueries:
     def _candidate_read(self, full: Collection[str], limit: int) -> tuple[Any, dict[str, Any]]:
         return self._candidates, {**_FULL.bind({"endpoint": e} for e in full), "b_limit": limit}
 
-    def _claim_in(
+    def claim_in(
         self,
         conn: Connection,
         worker: str,

@@ -21,10 +21,11 @@ from sqlalchemy import and_, case, func, literal, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from ledger.statuses import AttemptOutcome, BatchStatus, Delivery, RequestStatus
-from ledger.store.batches import BATCH, SUBMITTED, BatchLease, _fence, batches
-from ledger.store.claim import QUEUED, attempts, requests
+from ledger.store.batches import BATCH, SUBMITTED, BatchLease, _fence
+from ledger.store.claim import QUEUED
 from ledger.store.commit import any_row, reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus
+from ledger.store.tables import attempts, batches, requests
 
 _r, _b, _a = requests.c, batches.c, attempts.c
 ONLINE = Delivery.ONLINE.value

@@ -8,9 +8,10 @@ from collections.abc import Iterable
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from ledger.store.cache import NO_AGE_LIMIT_DAYS, _is_source, requests
+from ledger.store.cache import NO_AGE_LIMIT_DAYS, _is_source
 from ledger.store.commit import reading
 from ledger.store.dialect import db_now_plus
+from ledger.store.tables import requests
 
 _r = requests.c
 KEYS_PER_READ = 1000

@@ -21,17 +21,14 @@ from typing import Any
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.models import Job, Opinion
 from ledger.statuses import FINAL_STATUSES, JobStatus, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.cache import CachePolicy, Hit
-from ledger.store.claim import requests, spent_today, workers
+from ledger.store.claim import spent_today
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus
 from ledger.store.queue import EnqueueResult
-
-jobs = Job.__table__  # type: ignore[attr-defined]
-opinions = Opinion.__table__  # type: ignore[attr-defined]
+from ledger.store.tables import jobs, opinions, requests, workers
 
 EVAL_KIND = "eval"
 RUNNING_JOB = JobStatus.RUNNING.value

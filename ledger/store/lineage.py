@@ -15,11 +15,8 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, text
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.models import LlmRequest, LlmRequestSource
 from ledger.store.commit import reading
-
-requests = LlmRequest.__table__  # type: ignore[attr-defined]
-request_sources = LlmRequestSource.__table__  # type: ignore[attr-defined]
+from ledger.store.tables import request_sources, requests
 
 _EXISTING = select(requests.c.id).where(requests.c.id.in_(bindparam("b_ids", expanding=True)))
 # Everything a request was built from, however far back: (id, depth), depth 1 its own sources.

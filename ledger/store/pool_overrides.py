@@ -16,12 +16,11 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.models import LlmPoolOverride
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import Dialect, db_now
 from ledger.store.pools import PoolRules
+from ledger.store.tables import pool_overrides as overrides
 
-overrides = LlmPoolOverride.__table__  # type: ignore[attr-defined]
 _o = overrides.c
 _READ = select(_o.endpoint, _o.concurrency, _o.rpm, _o.tpm)
 

@@ -22,6 +22,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from ledger.errors import DatabaseError as DatabaseError
 from ledger.store.dialect import Dialect, read_json
 from ledger.store.engine_setup import configure_engine
+from ledger.store.errors import DatabaseUnavailable
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -43,6 +44,8 @@ def one_line(error: BaseException | None) -> str:
     """A database error as one short line, with the driver's error class."""
     if error is None:
         return ""
+    if isinstance(error, DatabaseUnavailable) and error.__cause__ is not None:
+        error = error.__cause__  # the driver's error, as the store's own: shown as the driver's
     orig = getattr(error, "orig", None) or error
     return f"{type(orig).__name__}: {error_reason(error)[:300]}"
 

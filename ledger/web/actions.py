@@ -37,21 +37,19 @@ def routes(web: Web) -> list[BaseRoute]:
         return handler
 
     def cancel_job(request: Request) -> str:
-        from ledger.batches import cancel_batches
+        from ledger.cancel import cancel
 
         job_id = request.path_params["job_id"]
         if web.store.get_job(job_id) is not None:
-            web.store.cancel_job(job_id)
-            web.store.cancel(job_id=job_id)
-            cancel_batches(web.store, web.settings, job_id=job_id)
+            list(cancel(web.store, web.settings, job_id=job_id))  # what `ledger cancel --job` does
         return f"/jobs/{segment(job_id)}"
 
     def cancel_batch(request: Request) -> str:
-        from ledger.batches import cancel_batches
+        from ledger.cancel import cancel
 
         batch_id = int(request.path_params["batch_id"])
         if web.store.get_batch(batch_id) is not None:
-            cancel_batches(web.store, web.settings, batch_id=batch_id)
+            list(cancel(web.store, web.settings, batch_id=batch_id))
         return "/batches"
 
     def resume_pool(request: Request) -> str:

@@ -12,8 +12,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from ledger.enqueue import build_spec, to_row
-from ledger.store import Store, driver_runs, queue
+from ledger.store import Store, driver_runs
 from ledger.store import claim as claim_sql
+from ledger.store import outcome_writes as queue
 from ledger.store.commit import transaction
 from ledger.store.dialect import is_transient
 from ledger.store.queue import CancelResult

@@ -16,15 +16,18 @@ import anyio
 import openai
 import psycopg
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
+from sqlalchemy.exc import DBAPIError
 
 from adapters.mock_provider import running_mock_provider
-from ledger.batches import cancel_batches
+from ledger.cancel import cancel_batches
 from ledger.record import DbLane
 from ledger.store import Store
 from ledger.store.batches import BatchGroup, BatchLease
+from ledger.store.errors import DatabaseUnavailable
 from ledger.store.queue import CancelResult
 from ledger.store.rows import Completed, Outcome, Written
+from ledger.store.schema import one_line
 from tests.integration.batch_helpers import batch_settings, batches_t, rows
 from tests.integration.store_helpers import add_requests, daemon_store, kept_records
 
@@ -328,3 +331,22 @@ def test_a_cancel_sent_whose_note_failed_says_so_and_stays_marked_for_the_daemon
         assert client.batches.retrieve(created.id).status in ("cancelling", "cancelled")
     batch = store.get_batch(lease.id)
     assert batch is not None and batch["cancel_requested_at"] is not None and batch["cancel_sent_at"] is None
+
+
+def test_a_database_failure_reaches_the_lane_s_caller_as_the_store_s_own_error(db_url: str) -> None:
+    """Callers outside the store catch `DatabaseUnavailable`, never the driver's errors: what the
+    lane could not get past comes as that, the driver's error as its cause, told as the driver's."""
+    store = Store(db_url)
+
+    def read_a_missing_table() -> None:
+        with store.engine.connect() as conn:
+            conn.execute(text("SELECT * FROM no_such_table"))
+
+    try:
+        with pytest.raises(DatabaseUnavailable) as caught:
+            anyio.run(DbLane(0.5).run, read_a_missing_table)
+        assert isinstance(caught.value.__cause__, DBAPIError)
+        assert one_line(caught.value) == one_line(caught.value.__cause__)
+        assert "no_such_table" in one_line(caught.value)
+    finally:
+        store.close()
