@@ -7,6 +7,7 @@ skip: when no server can be had they fail, so CI cannot pass by accident without
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -48,6 +49,19 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         if name in SETTINGS_ENV or (name.startswith("LEDGER_") and name not in (ENV_VAR, OLD_ENV_VAR)):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_logging() -> Iterator[None]:
+    """A command run in-process sets the ledger's logging up on its own stream, closed once the
+    command returns: each test gets the ledger's loggers back as they were, so a later test's
+    records reach pytest's capture, not a closed stream."""
+    log = logging.getLogger("ledger")
+    handlers, level, propagate = log.handlers[:], log.level, log.propagate
+    yield
+    log.handlers[:] = handlers
+    log.setLevel(level)
+    log.propagate = propagate
 
 
 PG_SERVER_KEY = pytest.StashKey[PgServer]()
