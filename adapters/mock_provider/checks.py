@@ -5,14 +5,18 @@ the per-line error its results carry (`batches.py`).
 
 The checks are compiled once per process: a few to some tens of microseconds a request
 (`bench.mock_checks` times them), so neither the online benchmarks nor a 100,000-line batch
-notice them. The SDKs whose types they read take seconds to import: a server compiles those in a
-thread as it starts (`warm_soon`); a request that needs them first waits for them.
+notice them. OpenAI's are compiled as a server starts (`warm_soon`, tens of milliseconds); the
+SDK-typed ones (Anthropic's, Gemini's: seconds of imports) by the first request that needs them,
+so a run that speaks only OpenAI never pays for them, and no background compile competes with the
+server for the interpreter while it answers. In the mock's own process (`freeze_when_built`) what
+they built is then left out of the collector's full passes: hundreds of thousands of objects,
+walked again at each, paused the server for tens of milliseconds, enough to reorder calls racing
+for a rate window. A mock run in a thread of another program never freezes that program's objects.
 """
 
 from __future__ import annotations
 
 import gc
-import threading
 from typing import Any
 
 from adapters.mock_provider import anthropic_checks, openai_checks
@@ -22,34 +26,50 @@ _SCHEMAS = {"openai": openai_checks.CHAT, "azure": openai_checks.CHAT, "chat": o
 
 
 def warm() -> None:
-    """Import and compile every check now; then leave what that made out of the garbage
-    collector's full passes (the SDKs' types are hundreds of thousands of objects: walked again
-    at each, they paused the server for tens of milliseconds, enough to reorder calls racing for a
-    rate window)."""
+    """Import and compile every check now (a benchmark times them warm)."""
     from adapters.mock_provider import gemini_checks  # imports google-genai's types
 
     openai_checks.warm()
     anthropic_checks.warm()
     gemini_checks.warm()
-    gc.freeze()
 
 
 def warm_soon() -> None:
-    """OpenAI's checks now (tens of milliseconds), the SDK-typed ones in a thread of their own (a
-    check asked for meanwhile waits on Python's import lock or compiles its part itself)."""
+    """OpenAI's checks now (tens of milliseconds); the SDK-typed ones when first asked for."""
     openai_checks.warm()
-    threading.Thread(target=warm, name="mock-checks-warm", daemon=True).start()
+
+
+_FREEZE_ASKED = False
+_BUILT: set[str] = set()
+
+
+def freeze_when_built() -> None:
+    """The mock is the whole process (its command): once a wire's SDK-typed check is built, what
+    it built is frozen out of the collector's full passes (a freeze is process-wide)."""
+    global _FREEZE_ASKED
+    _FREEZE_ASKED = True
+
+
+def _built(wire: str) -> None:
+    if wire not in _BUILT:
+        _BUILT.add(wire)
+        if _FREEZE_ASKED:
+            gc.freeze()
 
 
 def check(wire: str, body: Any) -> Refusal | None:
     """None when the provider of `wire` (openai | azure | chat | responses | anthropic | gemini)
     takes `body` as a model call; else its refusal."""
     if wire == "anthropic":
-        return anthropic_checks.check_message(body)
+        refusal = anthropic_checks.check_message(body)
+        _built(wire)
+        return refusal
     if wire == "gemini":
         from adapters.mock_provider import gemini_checks
 
-        return gemini_checks.check_generate(body)
+        refusal = gemini_checks.check_generate(body)
+        _built(wire)
+        return refusal
     if wire == "responses":
         return openai_checks.check_request(openai_checks.RESPONSES, body)
     return openai_checks.check_request(_SCHEMAS[wire], body)

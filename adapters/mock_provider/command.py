@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 
+from adapters.mock_provider import checks
 from adapters.mock_provider.config import MockProviderConfig, parse_fault_rates
 from adapters.mock_provider.server import MockProviderServer
 
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve_until_stopped(config: MockProviderConfig) -> int:
     """Serve until SIGTERM or SIGINT, after one line on stdout naming the URL (its port when 0 was
     asked). Returns the exit status: 2 when the address cannot be listened on."""
+    checks.freeze_when_built()  # this process is the mock's own
     server = MockProviderServer(config)
 
     async def run() -> None:
