@@ -94,7 +94,10 @@ def test_an_rpm_cap_holds_the_pool_and_never_another_pool(store: Store) -> None:
     assert claim(store) == []  # slots free, but 3 calls already started in this window
     started = time.monotonic()
     again = poll(lambda: claim(store))  # the window slides: its oldest calls leave it
-    assert time.monotonic() - started > 0.3 and len(again) == 3
+    assert time.monotonic() - started > 0.3  # not before
+    while len(again) < 3:  # the three calls started a moment apart: they leave it so
+        again += poll(lambda: claim(store))
+    assert len(again) == 3
 
 
 def test_a_tpm_cap_reserves_the_estimate_and_settles_with_the_usage(store: Store) -> None:
