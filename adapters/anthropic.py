@@ -21,6 +21,7 @@ from adapters.base import (
     finish_reason,
     joined,
     json_body,
+    response_text,
     token_count,
     with_rate_limits,
 )
@@ -46,11 +47,12 @@ class AnthropicAdapter:
             response = await self._client.post(
                 "/v1/messages", cast_to=httpx2.Response, body=body, options={"timeout": timeout}
             )
-        message = json_body(response.text, response.status_code)
+        text = response_text(response)
+        message = json_body(text, response.status_code)
         raise_error_in_body(message, response.status_code)  # Anthropic's: {"type": "error", "error": {...}}
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             raise malformed("response has no content list", response.status_code)
-        result = message_result(message, response.status_code, response.text)
+        result = message_result(message, response.status_code, text)
         return with_rate_limits(result, response.headers, body["max_tokens"])
 
     async def aclose(self) -> None:

@@ -19,6 +19,7 @@ from adapters.base import (
     arguments_text,
     finish_reason,
     json_body,
+    response_text,
     token_count,
     with_rate_limits,
 )
@@ -52,7 +53,8 @@ class OpenAIAdapter:
             path, body, read = "/chat/completions", chat_body(request, self.name), completion_result
         with sdk_errors(openai, message=_short):
             response = await self._client.post(path, cast_to=httpx2.Response, body=body, options={"timeout": timeout})
-        result = read(json_body(response.text, response.status_code), response.status_code, response.text)
+        text = response_text(response)
+        result = read(json_body(text, response.status_code), response.status_code, text)
         return with_rate_limits(result, response.headers, output_limit(body))
 
     async def aclose(self) -> None:

@@ -109,6 +109,10 @@ def read_rate_limits(headers: Any) -> RateLimits | None:
     """The rate-limit headers of an answer, OpenAI's or Anthropic's; None when it has none."""
     if headers is None:
         return None
+    # Read once into a plain dict (an httpx `Headers`' items: lower-case names, repeated ones
+    # joined as its `get` joins them): its `get` scans every header for each of the thirteen
+    # names asked, 2 us each, on every answer.
+    headers = dict(headers.items())
     requests = _least(headers, "x-ratelimit-remaining-requests", "anthropic-ratelimit-requests-remaining")
     tokens = _least(headers, "x-ratelimit-remaining-tokens", "anthropic-ratelimit-tokens-remaining")
     input_tokens = _least(headers, "anthropic-ratelimit-input-tokens-remaining")

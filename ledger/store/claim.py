@@ -44,7 +44,7 @@ from ledger.store import pools as pool_state
 from ledger.store.cache import sweep_twins
 from ledger.store.commit import transaction
 from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, read_json_column, unindexed
-from ledger.store.pool_overrides import read_overrides
+from ledger.store.pool_overrides import READ_OVERRIDES, overrides_from
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 from ledger.store.tables import attempts, jobs, requests, workers
@@ -170,7 +170,7 @@ _ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
 @dataclass(frozen=True)
 class ClaimReads:
     """A claim's reads, to be sent ahead with other statements (`ClaimQueries.claim_reads`), and,
-    once run, what they `found`: slots in use, pool state, candidates."""
+    once run, what they `found`: slots in use, pool state, limits changed live, candidates."""
 
     statements: list[tuple[Any, dict[str, Any]]]
     candidates_asked: int
@@ -218,7 +218,11 @@ class ClaimQueries:
         return ClaimReads([*self._state_reads(worker, lease_seconds), self._candidate_read((), asked)], asked)
 
     def _state_reads(self, worker: str, lease_seconds: float) -> list[tuple[Any, dict[str, Any]]]:
-        return [(_CLAIM_STATE, {"b_since": -lease_seconds, "b_worker": worker}), (pool_state.STATE, {})]
+        return [
+            (_CLAIM_STATE, {"b_since": -lease_seconds, "b_worker": worker}),
+            (pool_state.STATE, {}),
+            (READ_OVERRIDES, {}),  # limits changed live (`ledger pools set`)
+        ]
 
     def _candidate_read(self, full: Collection[str], limit: int) -> tuple[Any, dict[str, Any]]:
         return self._candidates, {**_FULL.bind({"endpoint": e} for e in full), "b_limit": limit}
@@ -252,8 +256,8 @@ class ClaimQueries:
         if reclaim:  # and twins whose original ended unseen by the writes that end originals
             sweep_twins(conn)
         reclaim_ts = time.time()
-        counts, state_rows = (
-            self.dialect.run_all(conn, self._state_reads(worker, lease_seconds)) if read is None else read.found[:2]
+        counts, state_rows, override_rows = (
+            self.dialect.run_all(conn, self._state_reads(worker, lease_seconds)) if read is None else read.found[:3]
         )
         in_flight: dict[str, int] = {}
         state = {_LIVE_WORKERS: 0, _MINE: 0}
@@ -271,14 +275,14 @@ class ClaimQueries:
             return Claim([], total, reclaimed)
         # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py);
         # limits changed live (`ledger pools set`) over the settings.
-        rules, changed = self.pool_rules, read_overrides(conn)
+        rules, changed = self.pool_rules, overrides_from(override_rows)
         if changed is not None:
             pool_limit, rules = changed.applied(pool_limit, rules, global_limit)
         room = pool_state.PoolRoom.read(conn, state_rows, in_flight, pool_limit, global_limit, rules, proven, hold)
         self.learning, self.windowed = set(room.learned), set(room.allowed)
         picked = None
         if read is not None:  # candidates read before the pools were known: leave out the full ones
-            candidates, full = read.found[2].rows, set(room.full)
+            candidates, full = read.found[3].rows, set(room.full)
             due = [row for row in candidates if row.endpoint not in full]
             picked = self._pick(conn, due, room, free_total, daily_budget)
             if len(picked) < free_total and len(candidates) >= read.candidates_asked:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx2
 import pytest
 
 from adapters.anthropic import message_result
-from adapters.base import CallRequest
+from adapters.base import CallRequest, response_text
 from adapters.errors import ProviderError
 from adapters.openai import completion_result
 from adapters.openai_responses import responses_body, responses_result, text_format
@@ -199,3 +200,21 @@ def test_a_price_file_takes_cache_rates_and_names_a_bad_one() -> None:
     assert prices[("openai", "m")] == Price(1.0, 2.0, 0.0, 0.25, None)
     with pytest.raises(PriceTableError, match=r"^p\.toml: openai\.models\.'m'\.cache_write must be a number >= 0"):
         _read('[openai.models]\n"m" = { input = 1, output = 2, cache_write = "x" }\n', "p.toml")
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/json", '{"content": "café \u2014 ok"}'.encode()),
+        (None, '{"content": "café"}'.encode()),
+        ("application/json; charset=iso-8859-1", '{"content": "café"}'.encode("latin-1")),
+        ("application/json", b'{"content": "bad \xff byte"}'),
+    ],
+)
+def test_an_answers_body_reads_as_the_text_httpx_would_give(content_type: str | None, body: bytes) -> None:
+    """The body an answer keeps (`response_text`) is the text httpx decodes, whether the server
+    names a charset or not, a byte that is not UTF-8 included."""
+    headers = {"content-type": content_type} if content_type else {}
+    assert response_text(httpx2.Response(200, headers=headers, content=body)) == (
+        httpx2.Response(200, headers=headers, content=body).text
+    )

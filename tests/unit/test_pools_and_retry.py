@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx2
 import pytest
 
 from adapters.base import CallResult, tokens_counted
@@ -142,3 +143,21 @@ def test_a_spent_balance_is_told_apart_from_a_bad_request_and_from_a_rate_limit(
     assert spent.quota is not None and spent.quota.startswith("credit balance too low")
     assert classify_status(400, "400: max_tokens too large").quota is None
     assert classify_status(429, "429: slow down", {"error": {"code": "rate_limit_exceeded"}}).quota is None
+
+
+def test_rate_limit_headers_are_read_whatever_case_the_provider_wrote_them_in() -> None:
+    """An HTTP client's headers (names case-insensitive, a repeated one joined), as an answer carries them."""
+    headers = httpx2.Headers(
+        [
+            ("X-RateLimit-Remaining-Requests", "59"),
+            ("x-ratelimit-limit-requests", "60"),
+            ("X-RateLimit-Reset-Requests", "1s"),
+            ("x-ratelimit-remaining-tokens", "1000"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+        ]
+    )
+    limits = read_rate_limits(headers)
+    assert limits is not None
+    assert (limits.remaining_requests, limits.limit_requests, limits.reset_requests_s) == (59, 60, 1.0)
+    assert (limits.remaining_tokens, limits.reset_tokens_s) == (1000, 360.0)
+    assert read_rate_limits(httpx2.Headers([("content-type", "application/json")])) is None
