@@ -10,8 +10,8 @@
    short transaction (`Dialect.enqueue_pacing`): on SQLite a running daemon waits
    for the file's one write lock at most one chunk, never a whole file, and a pause
    after each chunk lets it in. The pause is for a daemon: with none heard from lately
-   (`DAEMON_HEARD_WITHIN_S`), no daemon's calls wait for the lock and the chunks follow
-   one another at once. The enqueue is idempotent as a whole: run again after a crash
+   (`DAEMON_HEARD_WITHIN_S`), no daemon's calls wait for the lock, and the chunks are ten
+   times larger and follow one another at once. The enqueue is idempotent as a whole: run again after a crash
    half-way, it adds only what is missing.
 
 A key taken with another body by a concurrent enqueue between steps 2 and 3 is found
@@ -90,7 +90,7 @@ class Intake:
         self.settings = settings
         self.positions = positions
         self.prices = settings.prices
-        self.rows_per_chunk, self.duty = store.dialect.enqueue_pacing()
+        self.rows_per_chunk, self.duty = store.dialect.enqueue_pacing()  # set again before writing
         self.pause = pause
         self.columns = CHUNK_ROW_COLUMNS[1:]  # fair_seq is numbered when written
         self.dropped: Counter[tuple[str, str]] = Counter()  # (provider, parameter) left out -> requests
@@ -99,6 +99,7 @@ class Intake:
         staging = Staging(self.columns)
         try:
             self._stage(staging, specs)
+            self._pace()
             known = self._check_ledger(staging) if staging.count > self.rows_per_chunk else 0
             return self._write(staging, staging.repeats + known)
         finally:
@@ -184,7 +185,7 @@ class Intake:
         keep = staging.count <= KEEP_INSERTED_MAX  # report each new row (events), or counts only
         inserted: list[dict[str, Any]] = []
         added = cached = twins = 0
-        for chunk in staging.pages(self.rows_per_chunk, unknown_only=True):
+        for chunk in staging.pages(lambda: self.rows_per_chunk, unknown_only=True):
             rows = []
             for entry in chunk:
                 rows.append((seqs[entry.job_id], *entry.values))
@@ -210,7 +211,7 @@ class Intake:
                         {"id": request_id, "idempotency_key": key, "trace": json.loads(by_key[key].values[trace_at])}
                     )
             took = time.monotonic() - started
-            if self.duty < 1 and self._a_daemon_may_wait():  # let it in before the next chunk
+            if self._pace() and self.duty < 1:  # let it in before the next chunk
                 self.pause(took * (1 - self.duty) / self.duty)
         return EnqueueResult(
             added,
@@ -222,9 +223,14 @@ class Intake:
             dropped=dict(self.dropped),
         )
 
-    def _a_daemon_may_wait(self) -> bool:
-        """Asked after every chunk: a daemon started half-way through is let in from then on."""
-        return self.store.live_daemons(DAEMON_HEARD_WITHIN_S) > 0
+    def _pace(self) -> bool:
+        """The chunk size and duty for what comes next: small chunks and pauses while a daemon may
+        wait for them, big chunks when none was heard from. Asked before the first chunk and
+        after every one: a daemon started half-way through is let in from then on. Returns
+        whether a daemon may wait."""
+        waits = self.store.live_daemons(DAEMON_HEARD_WITHIN_S) > 0
+        self.rows_per_chunk, self.duty = self.store.dialect.enqueue_pacing(waits)
+        return waits
 
     def _ledger_conflict(self, entry: Entry, request_id: int, *, written: int) -> str:
         ours = self._row(entry)

@@ -206,7 +206,8 @@ def test_an_enqueue_cut_half_way_completes_when_run_again(db_url: str, tmp_path:
     with store.engine.connect() as conn:
         seqs = conn.execute(text("SELECT fair_seq FROM llm_requests ORDER BY id")).scalars().all()
     store.close()
-    assert seqs == list(range(1, 7001))  # claims keep the file's order across runs and chunks
+    # Claims keep the file's order across runs and chunks (numbers a repeat took may be skipped).
+    assert len(seqs) == 7000 and seqs == sorted(set(seqs)) and seqs[0] == 1
 
 
 def test_rows_from_before_the_body_hash_are_compared_by_their_fields(db_url: str, tmp_path: Path) -> None:
