@@ -306,10 +306,10 @@ def checked_row(
         texts = json_texts(row)
         size = sum(len(text.encode("utf-8")) for text in texts.values())
         row["idempotency_key"] = spec.idempotency_key or content_key(row)
-        row["batch_key"] = batch_key(row)
+        row["batch_key"] = _batch_key_of(texts["params"], texts["response_format"], row)
         row["body_hash"] = body_hash(row, texts)
         row["cache_key"] = cache_key(row, texts)
-        prompt_bytes = input_bytes(input_)
+        prompt_bytes = input_bytes(input_, texts["input"])
         row["token_estimate"] = token_estimate(prompt_bytes, spec.params)
         if prices is not None:
             batch = spec.delivery == DeliveryChoice.BATCH  # `auto` may end online: reserved at that price
@@ -393,6 +393,23 @@ def batch_key(row: dict[str, Any]) -> str:
     if row.get("api") == RESPONSES_API:
         keyed["api"] = RESPONSES_API
     return _digest(keyed)[:16]
+
+
+# batch_key by (params, response format, api) as canonical text: a file's requests mostly share
+# their parameters, and the key's own JSON (sorted, ASCII) is made once per set of them.
+_BATCH_KEYS: dict[tuple[str, str, bool], str] = {}
+_BATCH_KEYS_AT_MOST = 4096
+
+
+def _batch_key_of(params_text: str, response_format_text: str, row: dict[str, Any]) -> str:
+    """`batch_key(row)`, remembered by the canonical texts it depends on."""
+    memo = (params_text, response_format_text, row.get("api") == RESPONSES_API)
+    found = _BATCH_KEYS.get(memo)
+    if found is None:
+        if len(_BATCH_KEYS) >= _BATCH_KEYS_AT_MOST:
+            _BATCH_KEYS.clear()
+        found = _BATCH_KEYS[memo] = batch_key(row)
+    return found
 
 
 def content_key(row: dict[str, Any]) -> str:
