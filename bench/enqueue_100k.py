@@ -51,12 +51,21 @@ def write_file(path: Path, lines: int) -> None:
             )
 
 
+def child_env(url: str) -> dict[str, str]:
+    """A clean environment for a `ledger` child: only the database, quiet logs, and the caller's
+    PYTHONPATH (so a benchmark of another tree, `PYTHONPATH=/that/tree`, runs that tree)."""
+    env = {"LEDGER_DATABASE_URL": url, "PATH": "/usr/bin:/bin", "LEDGER_LOG_LEVEL": "WARNING"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
 def run(url: str, path: Path) -> tuple[float, float]:
     """Returns (seconds, peak RSS in MiB) of one `ledger enqueue` child process."""
     t0 = time.perf_counter()
     child = subprocess.Popen(
         [sys.executable, "-m", "ledger.cli", "enqueue", str(path), "--provider", "mock"],
-        env={"LEDGER_DATABASE_URL": url, "PATH": "/usr/bin:/bin", "LEDGER_LOG_LEVEL": "WARNING"},
+        env=child_env(url),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -27,7 +27,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -536,32 +536,43 @@ def _opened(path: Path) -> AbstractContextManager[BinaryIO]:
 def read_jsonl_file(
     path: Path, defaults: Defaults, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 ) -> Iterator[tuple[int, RequestSpec]]:
-    """Yield (line number, spec) from a file, streaming; raise `EnqueueError` as `FILE:LINE: problem`.
-
-    The file is read as bytes, one line at a time and never more than `max_line_bytes` of
-    it (a file with no newline at all cannot fill memory). A UTF-8 byte-order mark at the
-    start is dropped; any other byte sequence that is not UTF-8 is named, with its column.
-    """
+    """Yield (line number, spec) from a file, streaming; raise `EnqueueError` as `FILE:LINE: problem`."""
     source = "<stdin>" if path == STDIN else str(path)
+    for number, raw in raw_lines(path, max_line_bytes):
+        try:
+            spec = spec_of_raw(number, raw, defaults, max_line_bytes)
+        except EnqueueError as exc:
+            raise EnqueueError(f"{source}:{number}: {exc}") from None
+        if spec is not None:
+            yield number, spec
+
+
+def raw_lines(path: Path, max_line_bytes: int) -> Generator[tuple[int, bytes], None, None]:
+    """Yield (line number, bytes) of a file, streaming, one line at a time and never more than
+    `max_line_bytes` of it (a file with no newline at all cannot fill memory: a longer line is
+    cut there, and `spec_of_raw` names it)."""
     with _opened(path) as f:
         number = 0
         while raw := f.readline(max_line_bytes + 2):  # room for the line's own CR LF
             number += 1
-            try:
-                if number == 1:
-                    raw = _without_bom(raw)
-                body = raw.rstrip(b"\r\n")
-                if len(body) > max_line_bytes:
-                    raise EnqueueError(f"line is longer than {max_line_bytes} bytes (LEDGER_MAX_LINE_BYTES)")
-                try:
-                    line = body.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise EnqueueError(f"not UTF-8 (byte 0x{body[exc.start]:02x} at column {exc.start + 1})") from None
-                spec = _spec_of(line, defaults)
-            except EnqueueError as exc:
-                raise EnqueueError(f"{source}:{number}: {exc}") from None
-            if spec is not None:
-                yield number, spec
+            yield number, raw
+
+
+def spec_of_raw(number: int, raw: bytes, defaults: Defaults, max_line_bytes: int) -> RequestSpec | None:
+    """One line's spec from its bytes (None for a blank line), or `EnqueueError` saying what is wrong.
+
+    A UTF-8 byte-order mark at the start of the file is dropped; any other byte sequence that
+    is not UTF-8 is named, with its column."""
+    if number == 1:
+        raw = _without_bom(raw)
+    body = raw.rstrip(b"\r\n")
+    if len(body) > max_line_bytes:
+        raise EnqueueError(f"line is longer than {max_line_bytes} bytes (LEDGER_MAX_LINE_BYTES)")
+    try:
+        line = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EnqueueError(f"not UTF-8 (byte 0x{body[exc.start]:02x} at column {exc.start + 1})") from None
+    return _spec_of(line, defaults)
 
 
 def _without_bom(raw: bytes) -> bytes:
