@@ -171,7 +171,7 @@ class Intake:
         """Step 2: keys the ledger holds with another body stop the enqueue; those it holds with
         the same body are marked, not written. Returns how many were marked."""
         marked = 0
-        for page in staging.pages(KEYS_PER_LOOKUP):
+        for page in staging.pages(KEYS_PER_LOOKUP, keys_only=True):
             known = self.store.known_keys([e.key for e in page])
             same = []
             for entry in page:
@@ -179,7 +179,8 @@ class Intake:
                 if found is None:
                     continue
                 if found.body_hash != entry.body_hash:
-                    raise EnqueueError(self._ledger_conflict(entry, found.request_id, written=0))
+                    whole = staging.entry_at(entry.pos)
+                    raise EnqueueError(self._ledger_conflict(whole, found.request_id, written=0))
                 same.append(entry.pos)
             staging.mark_known(same)
             marked += len(same)
