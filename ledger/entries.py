@@ -18,16 +18,18 @@ from __future__ import annotations
 import multiprocessing
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing
 from dataclasses import dataclass
 from itertools import chain, islice
-from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any
 
 from ledger.deadlines import deadline_text
 from ledger.enqueue import Defaults, EnqueueError, RequestSpec, as_spec, checked_row, raw_lines, spec_of_raw
 from ledger.prices import PriceTable
+from ledger.stop_points import stop_point
 from ledger.store.staging import Entry
 
 # Lines per block a worker checks at a time: large enough that handing a block over costs
@@ -84,6 +86,8 @@ def check_block(maker: EntryMaker, lines: FileLines, block: list[tuple[int, byte
     parameters left out; `EnqueueError` naming `FILE:LINE` of the first bad one."""
     entries: list[Entry] = []
     dropped: Dropped = Counter()
+    if block[0][0] > LINES_PER_BLOCK:  # not the first block: a crash test may kill a worker here
+        stop_point("checking_lines")
     for number, raw in block:
         try:
             spec = spec_of_raw(number, raw, lines.defaults, maker.max_line_bytes)
@@ -110,15 +114,25 @@ def checked_blocks(maker: EntryMaker, lines: FileLines, workers: int) -> Iterato
 def _on_workers(
     maker: EntryMaker, lines: FileLines, workers: int, blocks: Iterable[list[tuple[int, bytes]]]
 ) -> Iterator[tuple[list[Entry], Dropped]]:
-    """Blocks handed to a pool of forked workers, at most a few ahead of the one taken back."""
-    with multiprocessing.get_context("fork").Pool(workers, initializer=_quiet_worker) as pool:
-        pending: deque[AsyncResult[tuple[list[Entry], Dropped]]] = deque()
-        for block in blocks:
-            pending.append(pool.apply_async(check_block, (maker, lines, block)))
-            if len(pending) >= workers * _AHEAD_PER_WORKER:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+    """Blocks handed to a pool of forked workers, at most a few ahead of the one taken back. A
+    worker that dies (killed, out of memory) ends the enqueue with one line, nothing written."""
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_quiet_worker) as pool:
+        pending: deque[Future[tuple[list[Entry], Dropped]]] = deque()
+        try:
+            for block in blocks:
+                pending.append(pool.submit(check_block, maker, lines, block))
+                if len(pending) >= workers * _AHEAD_PER_WORKER:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        except BrokenProcessPool:
+            raise EnqueueError(
+                f"{lines.source}: a process checking its lines stopped unexpectedly; nothing was written"
+            ) from None
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _quiet_worker() -> None:

@@ -391,3 +391,15 @@ def test_a_large_file_checked_on_several_cores_is_stored_as_checked_here(db_url:
         for seq, r in enumerate(here, start=1)
     ]
     assert stored == expected
+
+
+def test_a_worker_killed_while_checking_lines_ends_the_enqueue_with_nothing_written(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A worker dies outright (SIGKILL, as the kernel's out-of-memory killer would) while it
+    checks a block: the enqueue stops with one line instead of waiting for it forever."""
+    path = write(tmp_path / "many.jsonl", [line(i) for i in range(3500)])
+    done = cli_enqueue(db_url, path, LEDGER_ENQUEUE_WORKERS="2", LEDGER_STOP_AT="checking_lines")
+    assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
+    assert "a process checking its lines stopped unexpectedly; nothing was written" in done.stderr
+    assert request_count(db_url) == 0
