@@ -27,7 +27,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -306,10 +306,10 @@ def checked_row(
         texts = json_texts(row)
         size = sum(len(text.encode("utf-8")) for text in texts.values())
         row["idempotency_key"] = spec.idempotency_key or content_key(row)
-        row["batch_key"] = batch_key(row)
+        row["batch_key"] = _batch_key_of(texts["params"], texts["response_format"], row)
         row["body_hash"] = body_hash(row, texts)
         row["cache_key"] = cache_key(row, texts)
-        prompt_bytes = input_bytes(input_)
+        prompt_bytes = input_bytes(input_, texts["input"])
         row["token_estimate"] = token_estimate(prompt_bytes, spec.params)
         if prices is not None:
             batch = spec.delivery == DeliveryChoice.BATCH  # `auto` may end online: reserved at that price
@@ -393,6 +393,23 @@ def batch_key(row: dict[str, Any]) -> str:
     if row.get("api") == RESPONSES_API:
         keyed["api"] = RESPONSES_API
     return _digest(keyed)[:16]
+
+
+# batch_key by (params, response format, api) as canonical text: a file's requests mostly share
+# their parameters, and the key's own JSON (sorted, ASCII) is made once per set of them.
+_BATCH_KEYS: dict[tuple[str, str, bool], str] = {}
+_BATCH_KEYS_AT_MOST = 4096
+
+
+def _batch_key_of(params_text: str, response_format_text: str, row: dict[str, Any]) -> str:
+    """`batch_key(row)`, remembered by the canonical texts it depends on."""
+    memo = (params_text, response_format_text, row.get("api") == RESPONSES_API)
+    found = _BATCH_KEYS.get(memo)
+    if found is None:
+        if len(_BATCH_KEYS) >= _BATCH_KEYS_AT_MOST:
+            _BATCH_KEYS.clear()
+        found = _BATCH_KEYS[memo] = batch_key(row)
+    return found
 
 
 def content_key(row: dict[str, Any]) -> str:
@@ -519,32 +536,43 @@ def _opened(path: Path) -> AbstractContextManager[BinaryIO]:
 def read_jsonl_file(
     path: Path, defaults: Defaults, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 ) -> Iterator[tuple[int, RequestSpec]]:
-    """Yield (line number, spec) from a file, streaming; raise `EnqueueError` as `FILE:LINE: problem`.
-
-    The file is read as bytes, one line at a time and never more than `max_line_bytes` of
-    it (a file with no newline at all cannot fill memory). A UTF-8 byte-order mark at the
-    start is dropped; any other byte sequence that is not UTF-8 is named, with its column.
-    """
+    """Yield (line number, spec) from a file, streaming; raise `EnqueueError` as `FILE:LINE: problem`."""
     source = "<stdin>" if path == STDIN else str(path)
+    for number, raw in raw_lines(path, max_line_bytes):
+        try:
+            spec = spec_of_raw(number, raw, defaults, max_line_bytes)
+        except EnqueueError as exc:
+            raise EnqueueError(f"{source}:{number}: {exc}") from None
+        if spec is not None:
+            yield number, spec
+
+
+def raw_lines(path: Path, max_line_bytes: int) -> Generator[tuple[int, bytes], None, None]:
+    """Yield (line number, bytes) of a file, streaming, one line at a time and never more than
+    `max_line_bytes` of it (a file with no newline at all cannot fill memory: a longer line is
+    cut there, and `spec_of_raw` names it)."""
     with _opened(path) as f:
         number = 0
         while raw := f.readline(max_line_bytes + 2):  # room for the line's own CR LF
             number += 1
-            try:
-                if number == 1:
-                    raw = _without_bom(raw)
-                body = raw.rstrip(b"\r\n")
-                if len(body) > max_line_bytes:
-                    raise EnqueueError(f"line is longer than {max_line_bytes} bytes (LEDGER_MAX_LINE_BYTES)")
-                try:
-                    line = body.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise EnqueueError(f"not UTF-8 (byte 0x{body[exc.start]:02x} at column {exc.start + 1})") from None
-                spec = _spec_of(line, defaults)
-            except EnqueueError as exc:
-                raise EnqueueError(f"{source}:{number}: {exc}") from None
-            if spec is not None:
-                yield number, spec
+            yield number, raw
+
+
+def spec_of_raw(number: int, raw: bytes, defaults: Defaults, max_line_bytes: int) -> RequestSpec | None:
+    """One line's spec from its bytes (None for a blank line), or `EnqueueError` saying what is wrong.
+
+    A UTF-8 byte-order mark at the start of the file is dropped; any other byte sequence that
+    is not UTF-8 is named, with its column."""
+    if number == 1:
+        raw = _without_bom(raw)
+    body = raw.rstrip(b"\r\n")
+    if len(body) > max_line_bytes:
+        raise EnqueueError(f"line is longer than {max_line_bytes} bytes (LEDGER_MAX_LINE_BYTES)")
+    try:
+        line = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EnqueueError(f"not UTF-8 (byte 0x{body[exc.start]:02x} at column {exc.start + 1})") from None
+    return _spec_of(line, defaults)
 
 
 def _without_bom(raw: bytes) -> bytes:

@@ -10,8 +10,8 @@
    short transaction (`Dialect.enqueue_pacing`): on SQLite a running daemon waits
    for the file's one write lock at most one chunk, never a whole file, and a pause
    after each chunk lets it in. The pause is for a daemon: with none heard from lately
-   (`DAEMON_HEARD_WITHIN_S`), no daemon's calls wait for the lock and the chunks follow
-   one another at once. The enqueue is idempotent as a whole: run again after a crash
+   (`DAEMON_HEARD_WITHIN_S`), no daemon's calls wait for the lock, and the chunks are larger
+   (`ALONE_CHUNK_ROWS`) and follow one another at once. The enqueue is idempotent as a whole: run again after a crash
    half-way, it adds only what is missing.
 
 A key taken with another body by a concurrent enqueue between steps 2 and 3 is found
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ledger import events
-from ledger.deadlines import deadline_text
-from ledger.enqueue import STDIN, Defaults, EnqueueError, RequestSpec, as_spec, checked_row, read_jsonl_file
+from ledger.enqueue import STDIN, Defaults, EnqueueError, RequestSpec
+from ledger.entries import Dropped, EntryMaker, FileLines, checked_blocks
 from ledger.fingerprint import JSON_FIELDS, differing_fields
 from ledger.settings import Settings
 from ledger.store import EnqueueResult, Store
@@ -68,9 +68,11 @@ SINGLE = Positions(lambda pos: None, lambda pos: f"requests[{pos}]", "idempotenc
 
 
 def enqueue_file(store: Store, settings: Settings, path: Path, defaults: Defaults) -> EnqueueResult:
-    """`ledger enqueue FILE`: the file's requests, all checked before any is written."""
-    specs = read_jsonl_file(path, defaults, settings.max_line_bytes)
-    return Intake(store, settings, file_positions("<stdin>" if path == STDIN else str(path))).run(specs)
+    """`ledger enqueue FILE`: the file's requests, all checked (on several cores when it is large:
+    `ledger.entries`) before any is written."""
+    source = "<stdin>" if path == STDIN else str(path)
+    lines = FileLines(path, source, defaults)
+    return Intake(store, settings, file_positions(source)).run_file(lines, settings.enqueue_workers)
 
 
 def enqueue_specs(
@@ -90,15 +92,32 @@ class Intake:
         self.settings = settings
         self.positions = positions
         self.prices = settings.prices
-        self.rows_per_chunk, self.duty = store.dialect.enqueue_pacing()
+        self.rows_per_chunk, self.duty = store.dialect.enqueue_pacing()  # set again before writing
         self.pause = pause
         self.columns = CHUNK_ROW_COLUMNS[1:]  # fair_seq is numbered when written
-        self.dropped: Counter[tuple[str, str]] = Counter()  # (provider, parameter) left out -> requests
+        self.maker = EntryMaker(
+            self.columns,
+            settings.compatible_base_url,
+            self.prices,
+            settings.max_line_bytes,
+            settings.compatible_pools_per_model,
+            store.dialect.name,
+        )
+        self.dropped: Dropped = Counter()  # (provider, parameter) left out -> requests
 
     def run(self, specs: Iterable[tuple[int, RequestSpec | Mapping[str, Any]]]) -> EnqueueResult:
+        """The requests of a Python batch (or one), checked here."""
+        return self._run(lambda staging: self._stage(staging, specs))
+
+    def run_file(self, lines: FileLines, workers: int) -> EnqueueResult:
+        """A file's requests, checked by `workers` processes when it is large (`ledger.entries`)."""
+        return self._run(lambda staging: self._stage_file(staging, lines, workers))
+
+    def _run(self, stage: Callable[[Staging], None]) -> EnqueueResult:
         staging = Staging(self.columns)
         try:
-            self._stage(staging, specs)
+            stage(staging)
+            self._pace()
             known = self._check_ledger(staging) if staging.count > self.rows_per_chunk else 0
             return self._write(staging, staging.repeats + known)
         finally:
@@ -115,26 +134,14 @@ class Intake:
 
     def _entry(self, pos: int, item: RequestSpec | Mapping[str, Any]) -> Entry:
         try:
-            spec = as_spec(item)  # a Python caller's list may hold anything
-            if spec.provider == "openai-compatible" and not self.settings.compatible_base_url:
-                # Known now, not only when a daemon claims it: every such request would end config_error.
-                raise EnqueueError("provider 'openai-compatible' needs OPENAI_COMPATIBLE_BASE_URL, which is not set")
-            row, texts = checked_row(
-                spec,
-                self.settings.compatible_base_url,
-                self.prices,
-                self.settings.max_line_bytes,
-                pools_per_model=self.settings.compatible_pools_per_model,
-            )
+            return self.maker.make(pos, item, self.dropped)
         except EnqueueError as exc:
             raise EnqueueError(self._at(pos, str(exc))) from None
-        if row["deadline"] is not None:
-            row["deadline"] = deadline_text(row["deadline"], self.store.dialect.name)
-        values = tuple(texts[c] if c in texts else row.get(c) for c in self.columns)
-        if row["dropped_params"]:
-            self.dropped.update((row["provider"], name) for name in row["dropped_params"])
-        custom = spec.idempotency_key is not None
-        return Entry(pos, row["idempotency_key"], row["body_hash"], row["job_id"], custom, values)
+
+    def _stage_file(self, staging: Staging, lines: FileLines, workers: int) -> None:
+        for entries, dropped in checked_blocks(self.maker, lines, workers):
+            self.dropped.update(dropped)
+            self._add(staging, entries)
 
     def _add(self, staging: Staging, block: list[Entry]) -> None:
         self._check_sources(block)
@@ -164,7 +171,7 @@ class Intake:
         """Step 2: keys the ledger holds with another body stop the enqueue; those it holds with
         the same body are marked, not written. Returns how many were marked."""
         marked = 0
-        for page in staging.pages(KEYS_PER_LOOKUP):
+        for page in staging.pages(KEYS_PER_LOOKUP, keys_only=True):
             known = self.store.known_keys([e.key for e in page])
             same = []
             for entry in page:
@@ -172,7 +179,8 @@ class Intake:
                 if found is None:
                     continue
                 if found.body_hash != entry.body_hash:
-                    raise EnqueueError(self._ledger_conflict(entry, found.request_id, written=0))
+                    whole = staging.entry_at(entry.pos)
+                    raise EnqueueError(self._ledger_conflict(whole, found.request_id, written=0))
                 same.append(entry.pos)
             staging.mark_known(same)
             marked += len(same)
@@ -184,7 +192,7 @@ class Intake:
         keep = staging.count <= KEEP_INSERTED_MAX  # report each new row (events), or counts only
         inserted: list[dict[str, Any]] = []
         added = cached = twins = 0
-        for chunk in staging.pages(self.rows_per_chunk, unknown_only=True):
+        for chunk in staging.pages(lambda: self.rows_per_chunk, unknown_only=True):
             rows = []
             for entry in chunk:
                 rows.append((seqs[entry.job_id], *entry.values))
@@ -210,7 +218,7 @@ class Intake:
                         {"id": request_id, "idempotency_key": key, "trace": json.loads(by_key[key].values[trace_at])}
                     )
             took = time.monotonic() - started
-            if self.duty < 1 and self._a_daemon_may_wait():  # let it in before the next chunk
+            if self._pace() and self.duty < 1:  # let it in before the next chunk
                 self.pause(took * (1 - self.duty) / self.duty)
         return EnqueueResult(
             added,
@@ -222,9 +230,14 @@ class Intake:
             dropped=dict(self.dropped),
         )
 
-    def _a_daemon_may_wait(self) -> bool:
-        """Asked after every chunk: a daemon started half-way through is let in from then on."""
-        return self.store.live_daemons(DAEMON_HEARD_WITHIN_S) > 0
+    def _pace(self) -> bool:
+        """The chunk size and duty for what comes next: small chunks and pauses while a daemon may
+        wait for them, big chunks when none was heard from. Asked before the first chunk and
+        after every one: a daemon started half-way through is let in from then on. Returns
+        whether a daemon may wait."""
+        waits = self.store.live_daemons(DAEMON_HEARD_WITHIN_S) > 0
+        self.rows_per_chunk, self.duty = self.store.dialect.enqueue_pacing(waits)
+        return waits
 
     def _ledger_conflict(self, entry: Entry, request_id: int, *, written: int) -> str:
         ours = self._row(entry)

@@ -371,6 +371,18 @@ class LlmPoolOverride(SQLModel, table=True):
     updated_at: datetime | None = _ts(nullable=False, default_now=True)
 
 
+class LlmQuestionTurn(SQLModel, table=True):
+    """One row per question the response cache has resolved on PostgreSQL (its `cache_key`,
+    migration 0016): the row an enqueue locks while it decides which request of that question
+    is the original, so that enqueues of the same question take turns and enqueues of different
+    questions never wait for each other (`Dialect.take_question_turns`). Holds nothing else;
+    SQLite, whose writers take turns on the whole file, leaves it empty."""
+
+    __tablename__ = "llm_question_turns"
+
+    cache_key: str = Field(sa_column=Column(String(64), primary_key=True))
+
+
 class LlmPoolCall(SQLModel, table=True):
     """A call started in a pool with an RPM/TPM cap: the pool's sliding window, pruned as it slides.
 

@@ -9,7 +9,6 @@ without calling anything again.
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.token_limit import output_limit
+from ledger.fingerprint import canonical
 
 _DATE_SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
 _PER_TOKEN = 1e-6
@@ -131,9 +131,10 @@ class PriceTable:
         return price.most(input_tokens, max_out, batch=batch)
 
 
-def input_bytes(input_: Any) -> int:
-    """A request's stored input (system, messages) as the estimates size it: its JSON in UTF-8."""
-    return len(json.dumps(input_, ensure_ascii=False).encode())
+def input_bytes(input_: Any, text: str | None = None) -> int:
+    """A request's stored input (system, messages) as the estimates size it: its canonical JSON
+    (`ledger.fingerprint.canonical`) in UTF-8; `text`: that JSON, when an enqueue made it already."""
+    return len((canonical(input_) if text is None else text).encode("utf-8", "surrogatepass"))
 
 
 def most_tokens(prompt_bytes: int, params: dict[str, Any] | None) -> tuple[int, int]:

@@ -7,6 +7,7 @@ variable, instead of a traceback an hour into a run.
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,12 @@ if TYPE_CHECKING:
 DEFAULT_DATABASE_URL = "sqlite:///ledger.db"
 # LEDGER_MAX_LINE_BYTES by default: 8 MiB.
 DEFAULT_MAX_LINE_BYTES = 8 * 2**20
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says), at most four."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores))
 
 
 class SettingsError(ValueError):
@@ -102,6 +109,9 @@ class Settings(BaseSettings):
     # One JSONL line (or one request from Python, as stored) at most this big: a file with
     # no newline, or a runaway prompt, is refused with one line instead of filling memory.
     max_line_bytes: int = Field(default=DEFAULT_MAX_LINE_BYTES, alias="LEDGER_MAX_LINE_BYTES", ge=1024, le=2**30)
+    # Processes that check a large file's lines at `ledger enqueue` (forked, each checking a block of
+    # lines at a time): None, the cores this process may use, at most four; 1, checked in-process.
+    enqueue_workers_setting: int | None = Field(default=None, alias="LEDGER_ENQUEUE_WORKERS", ge=1, le=64)
     job_capacity: int = Field(default=4, alias="LEDGER_JOB_CAPACITY", ge=1)
     daily_budget_usd: float | None = Field(default=None, alias="LEDGER_DAILY_BUDGET_USD", ge=0)
     log_level: str = Field(default="INFO", alias="LEDGER_LOG_LEVEL")
@@ -233,6 +243,11 @@ class Settings(BaseSettings):
             window_s=self.rate_window_seconds,
             slow_start=self.pool_slow_start,
         )
+
+    @property
+    def enqueue_workers(self) -> int:
+        """How many processes check a large file's lines (`LEDGER_ENQUEUE_WORKERS`, else the cores)."""
+        return self.enqueue_workers_setting or available_cores()
 
     @property
     def compatible_pools_per_model(self) -> bool:

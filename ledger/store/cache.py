@@ -28,7 +28,7 @@ enqueue's twin is found among requests that parse alike for the same reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,20 +149,24 @@ NOTHING_RESOLVED = Resolved([], 0)
 def between_statements(point: str, conn: Connection) -> None:
     """Where a test holds one enqueue (`conn` its transaction's connection) between its statements
     while others run (it replaces this function): `"inserted"` after the new rows are written,
-    before the cache's lock; `"read"` after the rows of their key were read, before anything is
+    before their questions' turns are taken; `"read"` after the rows of their key were read, before anything is
     decided from them. Does nothing."""
 
 
-def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePolicy | None) -> Resolved:
+def resolve(
+    conn: Connection, dialect: Dialect, ids: list[int], policy: CachePolicy | None, questions: Iterable[str] = ()
+) -> Resolved:
     """Answer `ids` (new requests, inside their enqueue's transaction) from the cache where a
     source exists; make those with an identical request in flight wait for it.
 
-    Enqueues resolve one at a time (`Dialect.serialize_cache`): one that commits first is seen
-    whole by the next, whose identical requests wait for its originals."""
+    `questions`: the cache keys of those of `ids` that allow the cache. Enqueues of one question
+    resolve one at a time (`Dialect.take_question_turns`): one that commits first is seen whole
+    by the next, whose identical requests wait for its originals; enqueues of different
+    questions do not wait for each other."""
     if not ids or policy is None:
         return NOTHING_RESOLVED
     between_statements("inserted", conn)
-    dialect.serialize_cache(conn)
+    dialect.take_question_turns(conn, questions)
     max_age_days = policy.max_age_days
     age = -float(max_age_days if max_age_days is not None else NO_AGE_LIMIT_DAYS) * 86400.0
     # Per new request: its source, the first answer worth copying; else the request it waits for,

@@ -113,6 +113,12 @@ class CommitUnknown(DatabaseError):
     """A COMMIT whose answer was lost, and the server could not be asked in time: never retried."""
 
 
+# Rows per enqueue transaction when no daemon may be waiting for them (`Dialect.enqueue_pacing`).
+ALONE_CHUNK_ROWS = 5000
+# Rows per multi-row INSERT on SQLite. As many as its variables allow (over a thousand) made each
+# prepared statement (kept in the driver's statement cache) cost megabytes: an enqueue's peak
+# memory grew by a third; a few hundred rows cost no more time.
+SQLITE_ROWS_PER_INSERT = 300
 # Any stable 64-bit number: the advisory lock key that serialises claimers.
 CLAIM_LOCK_KEY = 7_391_046_221
 # The lock is per ledger: advisory locks are database-wide, and ledgers in different schemas
@@ -147,12 +153,20 @@ class Dialect:
         conn.info[XID_KEY] = lock.rows[0][1]
         return results
 
-    def serialize_cache(self, conn: Connection) -> None:
-        """Take the response cache's lock until commit (`ledger.store.cache.resolve`): an enqueue
-        resolving its new requests sees every enqueue that resolved before it. SQLite: BEGIN
-        IMMEDIATE already holds the only write lock."""
+    def take_question_turns(self, conn: Connection, cache_keys: Iterable[str]) -> None:
+        """Until commit, hold the turn of each question in `cache_keys` (`ledger.store.cache.resolve`):
+        an enqueue resolving its new requests sees every enqueue of the same questions that
+        resolved before it, and waits for none that asks only other questions.
+
+        PostgreSQL: each question's row in `llm_question_turns`, inserted or, when there, locked
+        (`DO UPDATE ... WHERE false` updates nothing but locks the row it met), in key order so
+        that two enqueues sharing several questions cannot deadlock. Row locks live in the rows,
+        not in the server's shared lock table, so a chunk of thousands of questions needs no
+        room there. SQLite: BEGIN IMMEDIATE already holds the only write lock."""
         if self.name == "postgresql":
-            conn.execute(_CACHE_LOCK)
+            keys = sorted(set(cache_keys))
+            if keys:
+                conn.execute(_QUESTION_TURNS, {"keys": keys})
 
     def run_all(self, conn: Connection, statements: Iterable[tuple[Any, dict[str, Any]]]) -> list[Ran]:
         """Hot statements (as `execute`) none of whose parameters depends on another's result,
@@ -349,7 +363,7 @@ class Dialect:
             stage = f"ledger_stage_{table.name}"
             picked = f"SELECT {', '.join([*columns, *[now] * len(clock)])} FROM {stage} ORDER BY ord"
             return copy_then_insert(conn, table, stage, columns, rows, f"{into} {picked} {skip}")
-        per_statement = max(1, sqlite_max_variables(conn) // len(columns))
+        per_statement = min(SQLITE_ROWS_PER_INSERT, max(1, sqlite_max_variables(conn) // len(columns)))
         group = "(" + ", ".join(["?"] * len(columns) + [now] * len(clock)) + ")"
         new: list[tuple[int, str]] = []
         for i in range(0, len(rows), per_statement):
@@ -359,7 +373,7 @@ class Dialect:
             new.extend((int(r[0]), str(r[1])) for r in conn.exec_driver_sql(sql, flat).all())
         return new
 
-    def enqueue_pacing(self) -> tuple[int, float]:
+    def enqueue_pacing(self, daemon_may_wait: bool = True) -> tuple[int, float]:
         """Rows per transaction of an enqueue, and the share of its time it may spend inside them.
 
         SQLite has one write lock per file: a daemon's claim or record waits while an enqueue
@@ -367,8 +381,12 @@ class Dialect:
         took: half the time) lets a waiting daemon in; without it SQLite's busy handler, which
         polls ever less often, could lose the lock to the next chunk again and again. (The pause
         is taken only while a daemon was heard from: `ledger.intake`.) PostgreSQL locks rows,
-        not the database: bigger chunks, no pause.
+        not the database: bigger chunks, no pause. With no daemon heard from (`daemon_may_wait`
+        False: loading a file before the work starts), nobody waits for the chunks on either
+        database: chunks of `ALONE_CHUNK_ROWS`, five thousand rows a transaction.
         """
+        if not daemon_may_wait:
+            return ALONE_CHUNK_ROWS, 1.0
         if self.name == "postgresql":
             return 5000, 1.0
         return 1000, 0.5
@@ -382,7 +400,10 @@ class Dialect:
 # The transaction's id as `XID_KEY` keeps it (`commit.transaction` asks about it after a lost COMMIT).
 _XID = "pg_current_xact_id()::text"
 _CLAIM_LOCK = text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK}), {_XID}")
-_CACHE_LOCK = text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK_KEY} + 1)")
+_QUESTION_TURNS = text(
+    "INSERT INTO llm_question_turns (cache_key) SELECT k FROM unnest(CAST(:keys AS text[])) AS k ORDER BY k"
+    " ON CONFLICT (cache_key) DO UPDATE SET cache_key = EXCLUDED.cache_key WHERE false"
+)
 
 
 @dataclass(frozen=True)

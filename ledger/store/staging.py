@@ -12,7 +12,7 @@ write phase does no JSON work at all.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,17 +88,27 @@ class Staging:
     def job_ids(self) -> list[str | None]:
         return [r[0] for r in self.db.execute("SELECT DISTINCT job_id FROM staged")]
 
-    def pages(self, size: int, *, unknown_only: bool = False) -> Iterator[list[Entry]]:
-        """Staged entries in input order, `size` at a time (only those not marked known)."""
+    def pages(
+        self, size: int | Callable[[], int], *, unknown_only: bool = False, keys_only: bool = False
+    ) -> Iterator[list[Entry]]:
+        """Staged entries in input order, `size` at a time (only those not marked known); a
+        callable `size` is asked before each page (an enqueue's chunks follow its pacing).
+        `keys_only`: without their rows (`values` empty), for a look at which keys exist."""
         after = -1
         known = "AND known = 0" if unknown_only else ""
-        sql = f"SELECT {self._fields} FROM staged WHERE pos > ? {known} ORDER BY pos LIMIT ?"
+        fields = "pos, key, body_hash, job_id, custom" if keys_only else self._fields
+        sql = f"SELECT {fields} FROM staged WHERE pos > ? {known} ORDER BY pos LIMIT ?"
         while True:
-            page = [_entry(r) for r in self.db.execute(sql, (after, size))]
+            rows = size() if callable(size) else size
+            page = [_entry(r) for r in self.db.execute(sql, (after, rows))]
             if not page:
                 return
             yield page
             after = page[-1].pos
+
+    def entry_at(self, pos: int) -> Entry:
+        """The staged entry at `pos`, with its row."""
+        return _entry(self.db.execute(f"SELECT {self._fields} FROM staged WHERE pos = ?", (pos,)).fetchone())
 
     def mark_known(self, positions: list[int]) -> None:
         """These are in the ledger already, with the same body: nothing to write for them."""

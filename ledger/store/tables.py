@@ -19,6 +19,7 @@ from ledger.models import (
     LlmPool,
     LlmPoolCall,
     LlmPoolOverride,
+    LlmQuestionTurn,
     LlmRequest,
     LlmRequestSource,
     LlmWorker,
@@ -41,3 +42,4 @@ pools = table_of(LlmPool)
 pool_calls = table_of(LlmPoolCall)
 pool_overrides = table_of(LlmPoolOverride)
 workers = table_of(LlmWorker)
+question_turns = table_of(LlmQuestionTurn)

@@ -13,10 +13,10 @@ from ledger.intake import BATCH, Intake
 from ledger.models import LlmWorker
 from ledger.settings import load_settings
 from ledger.store import Store
-from ledger.store.dialect import db_now_plus
+from ledger.store.dialect import ALONE_CHUNK_ROWS, db_now_plus
 
 workers = LlmWorker.__table__  # type: ignore[attr-defined]
-# Three chunks on SQLite (1,000 rows each, `Dialect.enqueue_pacing`).
+# Three chunks on SQLite while a daemon runs (1,000 rows each, `Dialect.enqueue_pacing`).
 ROWS = 2_500
 
 
@@ -80,19 +80,22 @@ def test_a_daemon_killed_hours_ago_is_not_waited_for(store: Store, sqlite_url: s
 
 
 def test_a_daemon_that_starts_half_way_is_let_in_from_then_on(store: Store, sqlite_url: str) -> None:
+    """Alone, the enqueue writes big chunks; a daemon that registers meanwhile gets small ones,
+    each followed by a pause, from the next chunk on."""
     insert_chunk = store.insert_chunk
-    chunks = 0
+    sizes: list[int] = []
 
-    def insert_then_maybe_start_a_daemon(*args: Any, **kwargs: Any) -> Any:
-        nonlocal chunks
-        written = insert_chunk(*args, **kwargs)
-        chunks += 1
-        if chunks == 2:  # a daemon registers while the enqueue writes its second chunk
+    def insert_then_maybe_start_a_daemon(rows: list[Any], *args: Any, **kwargs: Any) -> Any:
+        written = insert_chunk(rows, *args, **kwargs)
+        sizes.append(len(rows))
+        if len(sizes) == 1:  # a daemon registers while the enqueue writes its first chunk
             heartbeat(store, "late-daemon")
         return written
 
     store.insert_chunk = insert_then_maybe_start_a_daemon  # type: ignore[method-assign]
-    assert len(enqueue(store, sqlite_url)) == 2  # after the second chunk and the third
+    pauses = enqueue(store, sqlite_url, n=ALONE_CHUNK_ROWS + 2_500)
+    assert sizes == [ALONE_CHUNK_ROWS, 1_000, 1_000, 500]
+    assert len(pauses) == 4  # after each chunk from the one the daemon registered during
 
 
 def test_postgresql_never_pauses_daemon_or_not(pg_url: str) -> None:

@@ -17,6 +17,7 @@ from ledger.cli import app
 from ledger.enqueue import Defaults, read_jsonl_file, to_row
 from ledger.jobs import first_requests, trigger
 from ledger.models import Job, LlmAttempt, LlmBatch, LlmRequest
+from ledger.prices import input_bytes
 from ledger.settings import Settings
 from ledger.spec import load_spec
 from ledger.store import Store
@@ -51,7 +52,7 @@ def worst_cases(settings: Settings, specs: list[Any]) -> tuple[float, float]:
     batch = 0.0
     for s in specs:
         row = to_row(s)
-        size = len(json.dumps(row["input"], ensure_ascii=False).encode())
+        size = input_bytes(row["input"])
         batch += settings.prices.worst_case(s.provider, s.model, size, s.params, batch=True) or 0.0
     return online, batch
 
