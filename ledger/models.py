@@ -392,6 +392,19 @@ class LlmPoolCall(SQLModel, table=True):
     started_at: datetime | None = _ts(nullable=False, default_now=True)
 
 
+class LlmSlot(SQLModel, table=True):
+    """One of the global limit's slots (PostgreSQL, migration 0016): a claim takes free ones
+    (`FOR UPDATE SKIP LOCKED`) and writes the request it starts into `holder`; the transaction that
+    ends that request's `running` frees it (a trigger). At most one holder per slot, and a claim
+    takes only slots numbered up to its limit: the limit holds with no lock every claim waits for.
+    SQLite serialises its writers and leaves the table empty."""
+
+    __tablename__ = "llm_slots"
+
+    slot_no: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    holder: int | None = Field(default=None, sa_column=Column(IdType, nullable=True, unique=True))
+
+
 class LlmWorker(SQLModel, table=True):
     """A live daemon: its heartbeat decides its fair share of the global limit."""
 

@@ -1,8 +1,9 @@
 """The claim's SQL: a `running` row is an occupied slot; leases keep it, expiry frees it.
 
 Invariants every statement here keeps:
-- The claim transaction counts `running` rows per pool and in total *after*
-  serialising claimers, so no number of daemon processes can overshoot a limit.
+- The claim counts `running` rows of a pool *after* taking that pool's turn, and takes the
+  global limit's slots one by one (PostgreSQL; SQLite's one writer counts the total), so no
+  number of daemon processes can overshoot a limit (docs/architecture.md).
 - A claim increments the request's attempt counter and inserts the attempt row
   in the same transaction, before any call: a crash resumes at the right attempt.
 - Times are the database's (`db_now`), never the process's.
@@ -14,6 +15,7 @@ the database's own work.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Integer,
     Select,
     String,
     and_,
@@ -33,6 +36,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     tuple_,
     union_all,
     update,
@@ -43,11 +47,21 @@ from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pools as pool_state
 from ledger.store.cache import sweep_twins
 from ledger.store.commit import transaction
-from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, read_json_column, unindexed
+from ledger.store.dialect import (
+    JOB,
+    POOL,
+    Dialect,
+    Ran,
+    db_now,
+    db_now_plus,
+    db_today,
+    read_json_column,
+    unindexed,
+)
 from ledger.store.pool_overrides import read_overrides
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
-from ledger.store.tables import attempts, jobs, requests, workers
+from ledger.store.tables import attempts, jobs, requests, slots, workers
 
 RUNNING = RequestStatus.RUNNING.value
 QUEUED = RequestStatus.QUEUED.value
@@ -165,6 +179,32 @@ _START_TAKEN = insert(attempts).from_select(
     select(_c.id, _c.attempts, bindparam("b_worker"), literal(RUNNING_ATTEMPT), db_now()).where(_c.id == _TAKEN.c.id),
 )
 _ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
+# The global limit's free slots (PostgreSQL): locked as they are read, skipping those another
+# claim holds or an outcome is freeing, both until their transaction ends.
+_FREE_SLOTS = (
+    select(slots.c.slot_no)
+    .where(slots.c.holder.is_(None), slots.c.slot_no <= bindparam("b_global"))
+    .order_by(slots.c.slot_no)
+    .limit(bindparam("b_slots"))
+    .with_for_update(skip_locked=True)
+)
+# `_TAKE_AND_START` with the slots its rows take: each row taken holds one slot of those locked.
+_HOLD = bound_rows("h", "b_hold", column("id", BigInteger), column("slot_no", Integer))
+_TAKE_START_AND_HOLD = _TAKE_AND_START.add_cte(
+    update(slots)
+    .where(slots.c.slot_no == _HOLD.c.slot_no, _HOLD.c.id.in_(select(_taken.c.id)))
+    .values(holder=_HOLD.c.id)
+    .cte("held")
+)
+# Only the numbers missing: a slot a claim in progress holds is a row version not committed yet,
+# and an insert that ran into its key would wait for that claim.
+_MAKE_SLOTS = text(
+    "INSERT INTO llm_slots (slot_no) SELECT n FROM generate_series(1, :n) AS n"
+    " WHERE NOT EXISTS (SELECT 1 FROM llm_slots WHERE slot_no = n) ON CONFLICT DO NOTHING"
+)
+# Expired leases, each locked as it is found; one another transaction holds (its owner writing its
+# outcome late, another claimer reclaiming it) is left to that transaction: a reclaim never waits.
+_EXPIRED = select(_c.id).where(_c.status == RUNNING, _c.lease_expires_at < db_now())
 
 
 @dataclass(frozen=True)
@@ -175,6 +215,51 @@ class ClaimReads:
     statements: list[tuple[Any, dict[str, Any]]]
     candidates_asked: int
     found: list[Ran] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """What a claim was asked to keep to, as `_claim_pools` needs it."""
+
+    worker: str
+    lease_seconds: float
+    global_limit: int
+    max_claims: int
+    pool_limit: Callable[[str], int]
+    rules: pool_state.PoolRules
+    proven: Mapping[str, int] | None
+    hold: Collection[str]
+    daily_budget: float | None
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """`_CLAIM_STATE` as read: slots in use per pool and in total, and what the claim may take:
+    its free slots, its daemon's fair share of the global limit and `max_claims` (the least)."""
+
+    in_flight: dict[str, int]
+    total: int
+    free: int
+
+    @classmethod
+    def read(cls, rows: Any, global_limit: int, max_claims: int) -> _Counts:
+        in_flight: dict[str, int] = {}
+        state = {_LIVE_WORKERS: 0, _MINE: 0}
+        for endpoint, n in rows:
+            if endpoint in state:
+                state[endpoint] = n
+            else:
+                in_flight[endpoint] = n
+        total = sum(in_flight.values())
+        # Several daemons share the global limit fairly: each holds at most its share.
+        share = -(-global_limit // max(state[_LIVE_WORKERS], 1))
+        return cls(in_flight, total, min(global_limit - total, max_claims, share - state[_MINE]))
+
+
+def _closed(room: pool_state.PoolRoom, candidates: list[Any]) -> set[str]:
+    """The pools of `candidates` that `room` leaves no call to: full, cooling, their window spent."""
+    ends = {r.endpoint for r in candidates}
+    return set(room.full) | {ep for ep in ends if room.in_flight.get(ep, 0) >= room.limit(ep) or ep in room.cooling}
 
 
 def _candidates_for(slots: int) -> int:
@@ -199,15 +284,27 @@ class ClaimQueries:
     # Job id -> its own budget (None: none): fixed when the job is staged, so looked up once (Store sets it).
     job_caps: dict[str, float | None]
 
+    # Slots made in llm_slots, as far as this store knows (PostgreSQL: `_make_slots`).
+    slots_made: int = 0
+
     @cached_property
     def _candidates(self) -> Select[Any]:
         return self.dialect.for_update(_CANDIDATES)
 
     def claim(self, worker: str, **limits: Any) -> Claim:
-        """Take as many due requests as free slots allow, in one serialised transaction."""
+        """Take as many due requests as free slots allow, in one transaction (see `claim_in`)."""
+        self.make_slots(limits["global_limit"])
         with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)
+            self.dialect.writer_turn(conn, worker, alone=limits.get("daily_budget") is not None)
             return self.claim_in(conn, worker, **limits)
+
+    def make_slots(self, global_limit: int) -> None:
+        """PostgreSQL: the global limit's slots numbered 1..`global_limit` exist (made once, in a
+        transaction of their own: never inside a claim, whose turns an insert could wait behind)."""
+        if self.dialect.keeps_slots and global_limit > self.slots_made:
+            with transaction(self.engine, self.dialect, rerunnable=True) as conn:
+                conn.execute(_MAKE_SLOTS, {"n": global_limit})
+            self.slots_made = global_limit
 
     def claim_reads(self, worker: str, lease_seconds: float, expected: int) -> ClaimReads:
         """The claim's reads (slots in use, pool state, due candidates for about `expected` free
@@ -240,10 +337,15 @@ class ClaimQueries:
         hold: Collection[str] = (),
         read: ClaimReads | None = None,
     ) -> Claim:
-        """The claim, inside a transaction that already holds the claim lock. `proven`: per pool,
-        the slots an outcome just freed with an answer (a group commit's own claim); `hold`:
-        pools this claim leaves alone (a refusal from them is on its way to the ledger); `read`:
-        `claim_reads` with what it found, read in this transaction after its last write."""
+        """The claim, inside a transaction that holds the writer's turn (`Dialect.writer_turn`; the
+        ledger's turn alone under a daily budget). `proven`: per pool, the slots an outcome just
+        freed with an answer (a group commit's own claim); `hold`: pools this claim leaves alone (a
+        refusal from them is on its way to the ledger); `read`: `claim_reads` with what it found,
+        read in this transaction after its last write.
+
+        What was read before the pools' turns is a view only: it names the pools to take turns
+        for. Their running rows, state and windows are read again once their turns are held
+        (`_claim_pools`), and only those counts decide; the global limit is the slots taken."""
         if reclaim:
             # A live claimer never reclaims what it is still working on, however late its
             # renewal (a database outage longer than the lease): it renews those first.
@@ -255,60 +357,92 @@ class ClaimQueries:
         counts, state_rows = (
             self.dialect.run_all(conn, self._state_reads(worker, lease_seconds)) if read is None else read.found[:2]
         )
-        in_flight: dict[str, int] = {}
-        state = {_LIVE_WORKERS: 0, _MINE: 0}
-        for endpoint, n in counts:
-            if endpoint in state:
-                state[endpoint] = n
-            else:
-                in_flight[endpoint] = n
-        total = sum(in_flight.values())
-        reclaimed = ReleasedRows(reclaimed_rows, total, reclaim_ts) if reclaimed_rows else NOTHING_RELEASED
-        # Several daemons share the global limit fairly: each holds at most its share.
-        share = -(-global_limit // max(state[_LIVE_WORKERS], 1))
-        free_total = min(global_limit - total, max_claims, share - state[_MINE])
-        if free_total <= 0:
-            return Claim([], total, reclaimed)
+        seen = _Counts.read(counts, global_limit, max_claims)
+        reclaimed = ReleasedRows(reclaimed_rows, seen.total, reclaim_ts) if reclaimed_rows else NOTHING_RELEASED
+        if seen.free <= 0:
+            return Claim([], seen.total, reclaimed)
         # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py);
         # limits changed live (`ledger pools set`) over the settings.
         rules, changed = self.pool_rules, read_overrides(conn)
         if changed is not None:
             pool_limit, rules = changed.applied(pool_limit, rules, global_limit)
-        room = pool_state.PoolRoom.read(conn, state_rows, in_flight, pool_limit, global_limit, rules, proven, hold)
+        limits = _Limits(worker, lease_seconds, global_limit, max_claims, pool_limit, rules, proven, hold, daily_budget)
+        view = pool_state.PoolRoom.read(conn, state_rows, seen.in_flight, pool_limit, global_limit, rules, proven, hold)
+        candidates = read.found[2].rows if read is not None else None
+        asked = read.candidates_asked if read is not None else 0
+        full, room = view.full, view
+        for last in (False, True):
+            if candidates is None:
+                asked = _candidates_for(seen.free)
+                (found,) = self.dialect.run_all(conn, [self._candidate_read(full, asked)])
+                candidates = found.rows
+            closed = _closed(room, candidates)  # no turn taken for a pool with no room left
+            seen, room, picked, slot_nos = self._claim_pools(conn, limits, candidates, closed, seen.free)
+            if len(picked) >= seen.free or len(candidates) < asked or last:
+                break
+            # Too few: more rows were due, and a full pool's (or the budget's, or a pool whose
+            # turn another claim held) may have crowded the others out. Read again, past those.
+            full, candidates = sorted(_closed(room, candidates) | {r.endpoint for r in candidates} - room.turns), None
         self.learning, self.windowed = set(room.learned), set(room.allowed)
-        picked = None
-        if read is not None:  # candidates read before the pools were known: leave out the full ones
-            candidates, full = read.found[2].rows, set(room.full)
-            due = [row for row in candidates if row.endpoint not in full]
-            picked = self._pick(conn, due, room, free_total, daily_budget)
-            if len(picked) < free_total and len(candidates) >= read.candidates_asked:
-                # Too few: more rows were due, and a full pool's (or the budget's) may have
-                # crowded the others out. Read again, past the full pools, for the slots free.
-                picked, room = None, room.fresh()
-        if picked is None:
-            (more,) = self.dialect.run_all(conn, [self._candidate_read(room.full, _candidates_for(free_total))])
-            picked = self._pick(conn, more.rows, room, free_total, daily_budget)
         if not picked:
-            return Claim([], total, reclaimed)
+            return Claim([], seen.total, reclaimed)
         params = {**_PICKED.bind({"id": i} for i in picked), "b_worker": worker, "b_lease": lease_seconds}
+        together = _TAKE_AND_START
+        if slot_nos is not None:  # each row taken holds one of the slots locked for it
+            together = _TAKE_START_AND_HOLD
+            params |= _HOLD.bind({"id": i, "slot_no": n} for i, n in zip(picked, slot_nos, strict=False))
         leased_at = time.monotonic()
         took = self.dialect.update_then_insert(
             conn,
-            _TAKE_AND_START,
+            together,
             (_TAKE, params),
             lambda rows: (_START_TAKEN, {**_TAKEN.bind({"id": r.id} for r in rows), "b_worker": worker}),
         )
         claimed = [to_claimed(r) for r in took]
         order = {request_id: i for i, request_id in enumerate(picked)}
         ramping = room.started(conn, self.dialect, claimed)
-        return Claim(sorted(claimed, key=lambda r: order[r.id]), total + len(claimed), reclaimed, leased_at, ramping)
+        total = seen.total + len(claimed)
+        return Claim(sorted(claimed, key=lambda r: order[r.id]), total, reclaimed, leased_at, ramping)
+
+    def _claim_pools(
+        self, conn: Connection, limits: _Limits, candidates: list[Any], full: Collection[str], free: int
+    ) -> tuple[_Counts, pool_state.PoolRoom, list[int], list[int] | None]:
+        """Take the turns of the candidates' pools (those not full in the view), read those pools
+        again under them, with the global limit's free slots (PostgreSQL), and pick: what the
+        counts, slots and budgets allow, from the pools whose turn this claim holds. Returns the
+        counts read, the room, the ids picked and, on PostgreSQL, the slots locked for them. `free`:
+        the free slots the view saw, the most slots locked (others' claims skip those held here)."""
+        pools = sorted({r.endpoint for r in candidates} - set(full) - set(limits.hold))
+        wanted = sum(1 for r in candidates if r.endpoint in pools)
+        reads = self._state_reads(limits.worker, limits.lease_seconds)
+        if self.dialect.keeps_slots:
+            reads.append((_FREE_SLOTS, {"b_global": limits.global_limit, "b_slots": max(min(wanted, free), 1)}))
+        turns, ran = self.dialect.take_turns(conn, [(POOL, p) for p in pools], *reads)
+        mine = {name for _, name in turns}
+        seen = _Counts.read(ran[0].rows, limits.global_limit, limits.max_claims)
+        slot_nos = [int(n) for (n,) in ran[2].rows] if len(ran) > 2 else None
+        room = pool_state.PoolRoom.read(
+            conn,
+            ran[1].rows,
+            seen.in_flight,
+            limits.pool_limit,
+            limits.global_limit,
+            limits.rules,
+            limits.proven,
+            limits.hold,
+            turns=mine,
+        )
+        room_left = seen.free if slot_nos is None else min(seen.free, len(slot_nos))
+        due = [row for row in candidates if row.endpoint in mine]
+        picked = self._pick(conn, due, room, room_left, limits.daily_budget) if room_left > 0 else []
+        return seen, room, picked, slot_nos
 
     def _pick(
         self, conn: Connection, rows: list[Any], room: pool_state.PoolRoom, free_total: int, daily_budget: float | None
     ) -> list[int]:
         """Candidates in claim order that fit their pool's room and the budgets, up to `free_total`."""
         picked: list[int] = []
-        budget = Budget.read(conn, daily_budget, rows, self.job_caps)
+        budget = Budget.read(conn, daily_budget, rows, self.job_caps, self._job_turns(conn))
         for row in rows:
             if room.fits(row.endpoint, row.token_estimate) and budget.reserve(row.job_id, row.estimate_usd):
                 room.take(row.id, row.endpoint, row.token_estimate)
@@ -317,11 +451,22 @@ class ClaimQueries:
                     break
         return picked
 
+    def _job_turns(self, conn: Connection) -> Callable[[list[str]], set[str]]:
+        """Take jobs' turns (a job's budget is its own figure: reservations against it one at a
+        time), answering the jobs whose turn this transaction holds."""
+
+        def take(job_ids: list[str]) -> set[str]:
+            turns, _ = self.dialect.take_turns(conn, [(JOB, j) for j in job_ids])
+            return {name for _, name in turns}
+
+        return take
+
     def _reclaim_expired(self, conn: Connection, max_attempts: int) -> list[ClaimedRequest]:
-        """End the leases of dead workers: back to the queue, or canceled / spent (see `_end_leases`)."""
+        """End the leases of dead workers: back to the queue, or canceled / spent (see `_end_leases`).
+        Each row locked as found, skipping one another transaction holds: a reclaim never waits."""
         return _end_leases(
             conn,
-            and_(_c.status == RUNNING, _c.lease_expires_at < db_now()),
+            and_(_c.id.in_(self.dialect.for_update(_EXPIRED).scalar_subquery()), _c.status == RUNNING),
             LeaseEnd("lease_expired", "lease expired: the worker stopped renewing it", max_attempts),
         )
 
@@ -352,7 +497,7 @@ class ClaimQueries:
         with transaction(self.engine, self.dialect) as conn:
             if wait_at_most is not None:
                 self.dialect.bound_waits(conn, wait_at_most)
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            self.dialect.writer_turn(conn, worker)  # ordered with this daemon's records and claims
             conn.execute(self.dialect.upsert(workers, ["worker_id"], {"worker_id": worker}, {"heartbeat_at": db_now()}))
             return _extend(conn, worker, lease_seconds, held)
 
@@ -360,7 +505,7 @@ class ClaimQueries:
         """Give back every slot held under `worker`: a stopping daemon's cut-off calls, or at start,
         what a previous process with the same worker id left behind (see `_end_leases`)."""
         with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            self.dialect.writer_turn(conn, worker)  # ordered with this daemon's records and claims
             rows = _end_leases(
                 conn,
                 and_(_c.lease_owner == worker, _c.status == RUNNING),
@@ -375,10 +520,11 @@ class ClaimQueries:
 class Budget:
     """What the claim may still reserve: today's cap and each candidate job's own cap.
 
-    Read under the claim lock, so what several daemons reserve together never passes
-    a cap: spent = the cost of what finished (today, or in the job) + the estimates
-    reserved by calls in flight. A request that does not fit waits in the queue.
-    Requests without an estimate (no price known) are not held back.
+    Read under the ledger's turn alone (a daily budget) or the job's turn (its own budget), so
+    what several daemons reserve together never passes a cap: spent = the cost of what
+    finished (today, or in the job) + the estimates reserved by calls in flight. A request
+    that does not fit waits in the queue. Requests without an estimate (no price known) are
+    not held back.
     """
 
     daily_left: float | None
@@ -386,10 +532,17 @@ class Budget:
 
     @classmethod
     def read(
-        cls, conn: Connection, daily_budget: float | None, candidates: list[Any], caps: dict[str, float | None]
+        cls,
+        conn: Connection,
+        daily_budget: float | None,
+        candidates: list[Any],
+        caps: dict[str, float | None],
+        turns: Callable[[list[str]], set[str]] | None = None,
     ) -> Budget:
         """`caps` (job id -> its budget_usd) is the caller's cache: a job's budget is fixed when
-        it is staged, so each job is looked up once per process, not on every claim."""
+        it is staged, so each job is looked up once per process, not on every claim. `turns`
+        (a claim's): takes the capped jobs' turns before their spend is read, answering those
+        held; a job whose turn another claim holds gets nothing from this one."""
         priced = [r for r in candidates if r.estimate_usd is not None]
         if not priced:
             return cls(None, {})
@@ -400,7 +553,11 @@ class Budget:
             found: dict[str, float | None] = {row.id: row.budget_usd for row in conn.execute(query)}
             caps.update({job_id: found.get(job_id) for job_id in unknown})
         capped = sorted({r.job_id for r in priced if r.job_id is not None and caps.get(r.job_id) is not None})
-        job_left = {job_id: float(caps[job_id] or 0.0) - job_spent(conn, job_id) for job_id in capped}
+        mine = set(capped) if turns is None or not capped else turns(capped)
+        job_left = {
+            job_id: float(caps[job_id] or 0.0) - job_spent(conn, job_id) if job_id in mine else -math.inf
+            for job_id in capped
+        }
         return cls(daily_left, job_left)
 
     def affordable(self, rows: list[Any]) -> list[Any]:

@@ -39,13 +39,13 @@ Here: what a claim may start (`PoolRoom`, slow start included). What answers tea
 window, learned limits, cooldowns, probing back up): `pool_lessons.py`; windows learned from
 a 429: `pool_windows.py`; the RPM / TPM caps and their call log: `pool_rates.py`; a spent
 quota's pause: `pool_pauses.py`.
-Called only from `Store` methods, inside their transactions (the claim lock held).
+Called only from `Store` methods, inside their transactions (the pools' turns held).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import case, select, update
@@ -132,6 +132,7 @@ class PoolRoom:
     window: dict[str, tuple[int, int]]  # rated pool -> (calls, tokens) in the window
     allowed: dict[str, int]  # pool -> calls the provider's headers still allow in its window
     proven: Mapping[str, int] = field(default_factory=dict)  # pool -> slots just freed by answers
+    turns: frozenset[str] = frozenset()  # pools whose turn the claim holds (the only ones it writes)
     taken: dict[str, int] = field(default_factory=dict)
     taken_tokens: dict[str, int] = field(default_factory=dict)
     estimates: dict[int, int] = field(default_factory=dict)  # request id -> tokens reserved
@@ -150,10 +151,12 @@ class PoolRoom:
         rules: PoolRules,
         proven: Mapping[str, int] | None = None,
         hold: Collection[str] = (),
+        turns: Collection[str] = (),
     ) -> PoolRoom:
         """`state_rows`: what `STATE` read. `hold`: pools with a 429 on its way to the ledger, whose
-        lesson is not written yet: this claim treats them as cooling down and opens nothing in them."""
-        state = read_state(conn, state_rows, pool_limit)
+        lesson is not written yet: this claim treats them as cooling down and opens nothing in them.
+        `turns`: the pools whose turn this claim holds, the only ones whose row it may write."""
+        state = read_state(conn, state_rows, pool_limit, turns)
         window: dict[str, tuple[int, int]] = {}
         for seconds, rated in rules.by_window(rules.rated).items():
             params = {"b_pools": rated, "b_since": -seconds}
@@ -169,11 +172,8 @@ class PoolRoom:
             window,
             state.allowed,
             proven or {},
+            frozenset(turns),
         )
-
-    def fresh(self) -> PoolRoom:
-        """The same room with nothing taken yet (a claim that picks again from other candidates)."""
-        return replace(self, taken={}, taken_tokens={}, estimates={})
 
     def limit(self, endpoint: str) -> int:
         """The pool's slots: configured, lowered by what it learned, opened a few at a time in slow start."""
@@ -259,9 +259,12 @@ class PoolState:
     allowed: dict[str, int] = field(default_factory=dict)  # calls the provider's window still allows
 
 
-def read_state(conn: Connection, rows: Iterable[Any], configured: Callable[[str], int]) -> PoolState:
+def read_state(
+    conn: Connection, rows: Iterable[Any], configured: Callable[[str], int], turns: Collection[str]
+) -> PoolState:
     """Every pool's state from `STATE`'s rows; learned limits that grew back to the configured
-    limit are dropped."""
+    limit are dropped (in the pools of `turns`: a pool's row is written under its turn only,
+    which is what keeps a claim from ever waiting for a pool's row while holding turns)."""
     state = PoolState()
     recovered: list[str] = []
     for endpoint, is_cooling, limit, peak, allowed in rows:
@@ -272,7 +275,8 @@ def read_state(conn: Connection, rows: Iterable[Any], configured: Callable[[str]
             state.allowed[endpoint] = int(allowed)
         if limit is not None:
             if limit >= configured(endpoint):
-                recovered.append(endpoint)
+                if endpoint in turns:
+                    recovered.append(endpoint)
             else:
                 state.learned[endpoint] = int(limit)
     if recovered:

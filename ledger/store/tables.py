@@ -21,6 +21,7 @@ from ledger.models import (
     LlmPoolOverride,
     LlmRequest,
     LlmRequestSource,
+    LlmSlot,
     LlmWorker,
     Opinion,
 )
@@ -41,3 +42,4 @@ pools = table_of(LlmPool)
 pool_calls = table_of(LlmPoolCall)
 pool_overrides = table_of(LlmPoolOverride)
 workers = table_of(LlmWorker)
+slots = table_of(LlmSlot)
