@@ -393,16 +393,19 @@ class LlmPoolCall(SQLModel, table=True):
 
 
 class LlmSlot(SQLModel, table=True):
-    """One of the global limit's slots (PostgreSQL, migration 0016): a claim takes free ones
-    (`FOR UPDATE SKIP LOCKED`) and writes the request it starts into `holder`; the transaction that
-    ends that request's `running` frees it (a trigger). At most one holder per slot, and a claim
-    takes only slots numbered up to its limit: the limit holds with no lock every claim waits for.
-    SQLite serialises its writers and leaves the table empty."""
+    """One slot of the global limit (pool '') or of a pool's (PostgreSQL, migration 0016): a claim
+    takes free ones (`FOR UPDATE SKIP LOCKED`) and writes the request it starts into `holder`; the
+    transaction that ends that request's `running` frees it (a trigger). At most one holder per
+    slot, and a claim takes only slots numbered up to its limit: the limit holds with no lock
+    every claim waits for (`ledger/store/slots.py`). SQLite serialises its writers and leaves the
+    table empty."""
 
     __tablename__ = "llm_slots"
+    __table_args__ = (UniqueConstraint("holder", "pool", name="uq_llm_slots_holder"),)
 
+    pool: str = Field(sa_column=Column(String(300), primary_key=True))
     slot_no: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
-    holder: int | None = Field(default=None, sa_column=Column(IdType, nullable=True, unique=True))
+    holder: int | None = Field(default=None, sa_column=Column(IdType, nullable=True))
 
 
 class LlmWorker(SQLModel, table=True):

@@ -40,7 +40,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import ColumnElement
 
 from ledger.statuses import AttemptOutcome, BatchStatus, Delivery, RequestStatus
-from ledger.store.claim import QUEUED, Budget
+from ledger.store.budget import Budget
+from ledger.store.claim import QUEUED
 from ledger.store.commit import any_row, reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus, unindexed
 from ledger.store.row_sets import bound_rows

@@ -15,7 +15,6 @@ the database's own work.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,6 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Integer,
     Select,
     String,
     and_,
@@ -36,7 +34,6 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    text,
     tuple_,
     union_all,
     update,
@@ -45,6 +42,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pools as pool_state
+from ledger.store import slots as slot_sql
+from ledger.store.budget import Budget
 from ledger.store.cache import sweep_twins
 from ledger.store.commit import transaction
 from ledger.store.dialect import (
@@ -54,14 +53,13 @@ from ledger.store.dialect import (
     Ran,
     db_now,
     db_now_plus,
-    db_today,
     read_json_column,
     unindexed,
 )
 from ledger.store.pool_overrides import read_overrides
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
-from ledger.store.tables import attempts, jobs, requests, slots, workers
+from ledger.store.tables import attempts, requests, workers
 
 RUNNING = RequestStatus.RUNNING.value
 QUEUED = RequestStatus.QUEUED.value
@@ -179,29 +177,8 @@ _START_TAKEN = insert(attempts).from_select(
     select(_c.id, _c.attempts, bindparam("b_worker"), literal(RUNNING_ATTEMPT), db_now()).where(_c.id == _TAKEN.c.id),
 )
 _ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
-# The global limit's free slots (PostgreSQL): locked as they are read, skipping those another
-# claim holds or an outcome is freeing, both until their transaction ends.
-_FREE_SLOTS = (
-    select(slots.c.slot_no)
-    .where(slots.c.holder.is_(None), slots.c.slot_no <= bindparam("b_global"))
-    .order_by(slots.c.slot_no)
-    .limit(bindparam("b_slots"))
-    .with_for_update(skip_locked=True)
-)
-# `_TAKE_AND_START` with the slots its rows take: each row taken holds one slot of those locked.
-_HOLD = bound_rows("h", "b_hold", column("id", BigInteger), column("slot_no", Integer))
-_TAKE_START_AND_HOLD = _TAKE_AND_START.add_cte(
-    update(slots)
-    .where(slots.c.slot_no == _HOLD.c.slot_no, _HOLD.c.id.in_(select(_taken.c.id)))
-    .values(holder=_HOLD.c.id)
-    .cte("held")
-)
-# Only the numbers missing: a slot a claim in progress holds is a row version not committed yet,
-# and an insert that ran into its key would wait for that claim.
-_MAKE_SLOTS = text(
-    "INSERT INTO llm_slots (slot_no) SELECT n FROM generate_series(1, :n) AS n"
-    " WHERE NOT EXISTS (SELECT 1 FROM llm_slots WHERE slot_no = n) ON CONFLICT DO NOTHING"
-)
+# `_TAKE_AND_START` with the slots its rows take (PostgreSQL: `slots.py`).
+_TAKE_START_AND_HOLD = _TAKE_AND_START.add_cte(slot_sql.hold(_taken))
 # Expired leases, each locked as it is found; one another transaction holds (its owner writing its
 # outcome late, another claimer reclaiming it) is left to that transaction: a reclaim never waits.
 _EXPIRED = select(_c.id).where(_c.status == RUNNING, _c.lease_expires_at < db_now())
@@ -284,8 +261,10 @@ class ClaimQueries:
     # Job id -> its own budget (None: none): fixed when the job is staged, so looked up once (Store sets it).
     job_caps: dict[str, float | None]
 
-    # Slots made in llm_slots, as far as this store knows (PostgreSQL: `_make_slots`).
+    # Slots made in llm_slots, as far as this store knows (PostgreSQL: `make_slots`): the global
+    # limit's, and per slotted pool (`_claim_pools`).
     slots_made: int = 0
+    pool_slots_made: dict[str, int]
 
     @cached_property
     def _candidates(self) -> Select[Any]:
@@ -298,13 +277,19 @@ class ClaimQueries:
             self.dialect.writer_turn(conn, worker, alone=limits.get("daily_budget") is not None)
             return self.claim_in(conn, worker, **limits)
 
-    def make_slots(self, global_limit: int) -> None:
-        """PostgreSQL: the global limit's slots numbered 1..`global_limit` exist (made once, in a
-        transaction of their own: never inside a claim, whose turns an insert could wait behind)."""
-        if self.dialect.keeps_slots and global_limit > self.slots_made:
+    def make_slots(self, global_limit: int, pools: Mapping[str, int] | None = None) -> None:
+        """PostgreSQL: the global limit's slots numbered 1..`global_limit` exist, and each of `pools`'
+        1..its limit. Made once per process, in a transaction of their own, committed at once:
+        never inside a claim, where an insert could wait behind another claim's new slots."""
+        new = {p: n for p, n in (pools or {}).items() if self.pool_slots_made.get(p, 0) < n}
+        if global_limit > self.slots_made:
+            new[slot_sql.GLOBAL] = global_limit
+        if self.dialect.keeps_slots and new:
             with transaction(self.engine, self.dialect, rerunnable=True) as conn:
-                conn.execute(_MAKE_SLOTS, {"n": global_limit})
-            self.slots_made = global_limit
+                rows = [{"pool": p, "lim": n} for p, n in sorted(new.items())]
+                conn.execute(slot_sql.MAKE_SLOTS, {"b_pools": slot_sql.pools_json(rows)})
+            self.slots_made = max(self.slots_made, global_limit)
+            self.pool_slots_made.update({p: n for p, n in new.items() if p != slot_sql.GLOBAL})
 
     def claim_reads(self, worker: str, lease_seconds: float, expected: int) -> ClaimReads:
         """The claim's reads (slots in use, pool state, due candidates for about `expected` free
@@ -377,7 +362,7 @@ class ClaimQueries:
                 (found,) = self.dialect.run_all(conn, [self._candidate_read(full, asked)])
                 candidates = found.rows
             closed = _closed(room, candidates)  # no turn taken for a pool with no room left
-            seen, room, picked, slot_nos = self._claim_pools(conn, limits, candidates, closed, seen.free)
+            seen, room, picked, grabbed = self._claim_pools(conn, limits, candidates, closed, seen.free, room)
             if len(picked) >= seen.free or len(candidates) < asked or last:
                 break
             # Too few: more rows were due, and a full pool's (or the budget's, or a pool whose
@@ -388,9 +373,10 @@ class ClaimQueries:
             return Claim([], seen.total, reclaimed)
         params = {**_PICKED.bind({"id": i} for i in picked), "b_worker": worker, "b_lease": lease_seconds}
         together = _TAKE_AND_START
-        if slot_nos is not None:  # each row taken holds one of the slots locked for it
+        if grabbed is not None:  # each row taken holds slots locked for it
             together = _TAKE_START_AND_HOLD
-            params |= _HOLD.bind({"id": i, "slot_no": n} for i, n in zip(picked, slot_nos, strict=False))
+            endpoint_of = {row.id: row.endpoint for row in candidates or ()}
+            params |= slot_sql.HOLD.bind(grabbed.pairs([(i, endpoint_of[i]) for i in picked]))
         leased_at = time.monotonic()
         took = self.dialect.update_then_insert(
             conn,
@@ -405,22 +391,32 @@ class ClaimQueries:
         return Claim(sorted(claimed, key=lambda r: order[r.id]), total, reclaimed, leased_at, ramping)
 
     def _claim_pools(
-        self, conn: Connection, limits: _Limits, candidates: list[Any], full: Collection[str], free: int
-    ) -> tuple[_Counts, pool_state.PoolRoom, list[int], list[int] | None]:
-        """Take the turns of the candidates' pools (those not full in the view), read those pools
-        again under them, with the global limit's free slots (PostgreSQL), and pick: what the
-        counts, slots and budgets allow, from the pools whose turn this claim holds. Returns the
-        counts read, the room, the ids picked and, on PostgreSQL, the slots locked for them. `free`:
-        the free slots the view saw, the most slots locked (others' claims skip those held here)."""
+        self,
+        conn: Connection,
+        limits: _Limits,
+        candidates: list[Any],
+        full: Collection[str],
+        free: int,
+        view: pool_state.PoolRoom,
+    ) -> tuple[_Counts, pool_state.PoolRoom, list[int], slot_sql.Grabbed | None]:
+        """Lock what the candidates' pools (those with room in `view`) need, read them again, and
+        pick what the counts, slots and budgets allow. A pool with an RPM / TPM cap or a provider's
+        window takes its turn (its window is counted exactly under it; SQLite: every pool, its
+        one writer holds every turn); on PostgreSQL every other pool takes its own slots instead,
+        and every request a global slot (`slots.py`), none waited for. Returns the counts read,
+        the room, the ids picked and, on PostgreSQL, the slots locked for them. `free`: the free
+        slots the view saw, the most global slots locked (others' claims skip those held here)."""
         pools = sorted({r.endpoint for r in candidates} - set(full) - set(limits.hold))
-        wanted = sum(1 for r in candidates if r.endpoint in pools)
+        keeps = self.dialect.keeps_slots
+        turned = [p for p in pools if not keeps or limits.rules.capped(p) or p in view.allowed]
+        slotted = [p for p in pools if p not in turned]
         reads = self._state_reads(limits.worker, limits.lease_seconds)
-        if self.dialect.keeps_slots:
-            reads.append((_FREE_SLOTS, {"b_global": limits.global_limit, "b_slots": max(min(wanted, free), 1)}))
-        turns, ran = self.dialect.take_turns(conn, [(POOL, p) for p in pools], *reads)
-        mine = {name for _, name in turns}
+        if keeps:
+            reads += self._slot_reads(limits, candidates, pools, slotted, free, view)
+        turns, ran = self.dialect.take_turns(conn, [(POOL, p) for p in turned], *reads)
+        mine = {name for _, name in turns} | set(slotted)  # the pools this claim may take from
         seen = _Counts.read(ran[0].rows, limits.global_limit, limits.max_claims)
-        slot_nos = [int(n) for (n,) in ran[2].rows] if len(ran) > 2 else None
+        grabbed = slot_sql.Grabbed.read(ran[-2].rows, ran[-1].rows) if keeps else None
         room = pool_state.PoolRoom.read(
             conn,
             ran[1].rows,
@@ -432,10 +428,39 @@ class ClaimQueries:
             limits.hold,
             turns=mine,
         )
-        room_left = seen.free if slot_nos is None else min(seen.free, len(slot_nos))
+        room_left = seen.free
+        if grabbed is not None:
+            room.slot_caps = {p: len(grabbed.pools.get(p, [])) for p in slotted}
+            room_left = min(seen.free, len(grabbed.global_nos))
         due = [row for row in candidates if row.endpoint in mine]
         picked = self._pick(conn, due, room, room_left, limits.daily_budget) if room_left > 0 else []
-        return seen, room, picked, slot_nos
+        return seen, room, picked, grabbed
+
+    def _slot_reads(
+        self,
+        limits: _Limits,
+        candidates: list[Any],
+        pools: list[str],
+        slotted: list[str],
+        free: int,
+        view: pool_state.PoolRoom,
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        """The statements that lock free slots: global ones for up to `free` candidates, each
+        slotted pool's for its candidates up to its room in `view` (slots missing made first)."""
+        per_pool = {p: sum(1 for r in candidates if r.endpoint == p) for p in pools}
+        wanted = sum(per_pool.values())
+        made = {p: min(limits.pool_limit(p), limits.global_limit) for p in slotted}
+        self.make_slots(limits.global_limit, made)  # a pool seen for the first time, or its limit raised
+        asked = []
+        for p in slotted:
+            lim = min(view.limit(p), made[p])
+            want = min(per_pool[p], free, max(lim - view.in_flight.get(p, 0), 0))
+            if want > 0:
+                asked.append({"pool": p, "lim": lim, "want": want})
+        return [
+            (slot_sql.FREE_SLOTS, {"b_global": limits.global_limit, "b_slots": max(min(wanted, free), 1)}),
+            (slot_sql.POOL_SLOTS, {"b_pools": slot_sql.pools_json(asked)}),
+        ]
 
     def _pick(
         self, conn: Connection, rows: list[Any], room: pool_state.PoolRoom, free_total: int, daily_budget: float | None
@@ -514,88 +539,6 @@ class ClaimQueries:
             active = self._active(conn)
             ts = time.time()
         return ReleasedRows(rows, active, ts)
-
-
-@dataclass
-class Budget:
-    """What the claim may still reserve: today's cap and each candidate job's own cap.
-
-    Read under the ledger's turn alone (a daily budget) or the job's turn (its own budget), so
-    what several daemons reserve together never passes a cap: spent = the cost of what
-    finished (today, or in the job) + the estimates reserved by calls in flight. A request
-    that does not fit waits in the queue. Requests without an estimate (no price known) are
-    not held back.
-    """
-
-    daily_left: float | None
-    job_left: dict[str, float]
-
-    @classmethod
-    def read(
-        cls,
-        conn: Connection,
-        daily_budget: float | None,
-        candidates: list[Any],
-        caps: dict[str, float | None],
-        turns: Callable[[list[str]], set[str]] | None = None,
-    ) -> Budget:
-        """`caps` (job id -> its budget_usd) is the caller's cache: a job's budget is fixed when
-        it is staged, so each job is looked up once per process, not on every claim. `turns`
-        (a claim's): takes the capped jobs' turns before their spend is read, answering those
-        held; a job whose turn another claim holds gets nothing from this one."""
-        priced = [r for r in candidates if r.estimate_usd is not None]
-        if not priced:
-            return cls(None, {})
-        daily_left = None if daily_budget is None else daily_budget - spent_today(conn)
-        unknown = sorted({r.job_id for r in priced if r.job_id is not None} - caps.keys())
-        if unknown:
-            query = select(jobs.c.id, jobs.c.budget_usd).where(jobs.c.id.in_(unknown))
-            found: dict[str, float | None] = {row.id: row.budget_usd for row in conn.execute(query)}
-            caps.update({job_id: found.get(job_id) for job_id in unknown})
-        capped = sorted({r.job_id for r in priced if r.job_id is not None and caps.get(r.job_id) is not None})
-        mine = set(capped) if turns is None or not capped else turns(capped)
-        job_left = {
-            job_id: float(caps[job_id] or 0.0) - job_spent(conn, job_id) if job_id in mine else -math.inf
-            for job_id in capped
-        }
-        return cls(daily_left, job_left)
-
-    def affordable(self, rows: list[Any]) -> list[Any]:
-        """The rows (id, job_id, estimate_usd) that fit, in order, each reserved as it is taken."""
-        return [row for row in rows if self.reserve(row.job_id, row.estimate_usd)]
-
-    def reserve(self, job_id: str | None, estimate: float | None) -> bool:
-        """Take `estimate` from what is left, or say it does not fit."""
-        if estimate is None:
-            return True
-        job_left = self.job_left.get(job_id) if job_id is not None else None
-        if (self.daily_left is not None and estimate > self.daily_left) or (
-            job_left is not None and estimate > job_left
-        ):
-            return False
-        if self.daily_left is not None:
-            self.daily_left -= estimate
-        if job_left is not None and job_id is not None:
-            self.job_left[job_id] = job_left - estimate
-        return True
-
-
-# Reservations count while their call may be spending: online in flight, or in a provider batch.
-_SPENDING = _c.status.in_([RUNNING, RequestStatus.SUBMITTED.value])
-_RESERVED = func.coalesce(func.sum(case((_SPENDING, _c.reserved_usd), else_=None)), 0.0)
-
-
-def spent_today(conn: Connection) -> float:
-    """Today's spend (UTC day, the database's clock): costs of what finished today + reservations in flight."""
-    finished = func.coalesce(func.sum(case((_c.completed_at >= db_today(), _c.cost_usd), else_=None)), 0.0)
-    row = conn.execute(select(finished, _RESERVED).where(or_(_c.completed_at >= db_today(), _SPENDING))).one()
-    return float(row[0]) + float(row[1])
-
-
-def job_spent(conn: Connection, job_id: str) -> float:
-    """A job's spend: costs of its finished requests + reservations of its calls in flight."""
-    row = conn.execute(select(func.coalesce(func.sum(_c.cost_usd), 0.0), _RESERVED).where(_c.job_id == job_id)).one()
-    return float(row[0]) + float(row[1])
 
 
 @dataclass(frozen=True)

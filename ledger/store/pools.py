@@ -132,7 +132,9 @@ class PoolRoom:
     window: dict[str, tuple[int, int]]  # rated pool -> (calls, tokens) in the window
     allowed: dict[str, int]  # pool -> calls the provider's headers still allow in its window
     proven: Mapping[str, int] = field(default_factory=dict)  # pool -> slots just freed by answers
-    turns: frozenset[str] = frozenset()  # pools whose turn the claim holds (the only ones it writes)
+    turns: frozenset[str] = frozenset()  # pools the claim may take from (their turn or slots held)
+    # Slotted pools (PostgreSQL, no turn): how many of its slots the claim locked, the most it takes.
+    slot_caps: dict[str, int] = field(default_factory=dict)
     taken: dict[str, int] = field(default_factory=dict)
     taken_tokens: dict[str, int] = field(default_factory=dict)
     estimates: dict[int, int] = field(default_factory=dict)  # request id -> tokens reserved
@@ -155,8 +157,8 @@ class PoolRoom:
     ) -> PoolRoom:
         """`state_rows`: what `STATE` read. `hold`: pools with a 429 on its way to the ledger, whose
         lesson is not written yet: this claim treats them as cooling down and opens nothing in them.
-        `turns`: the pools whose turn this claim holds, the only ones whose row it may write."""
-        state = read_state(conn, state_rows, pool_limit, turns)
+        `turns`: the pools this claim may take from (their turn held, or their own slots)."""
+        state = read_state(conn, state_rows, pool_limit)
         window: dict[str, tuple[int, int]] = {}
         for seconds, rated in rules.by_window(rules.rated).items():
             params = {"b_pools": rated, "b_since": -seconds}
@@ -207,6 +209,8 @@ class PoolRoom:
         return sorted(full)
 
     def fits(self, endpoint: str, token_estimate: int | None) -> bool:
+        if self.taken.get(endpoint, 0) >= self.slot_caps.get(endpoint, self.taken.get(endpoint, 0) + 1):
+            return False
         used = self.in_flight.get(endpoint, 0) + self.taken.get(endpoint, 0)
         if used >= self.limit(endpoint) or self.taken.get(endpoint, 0) >= self.allowed.get(endpoint, used + 1):
             return False
@@ -259,12 +263,10 @@ class PoolState:
     allowed: dict[str, int] = field(default_factory=dict)  # calls the provider's window still allows
 
 
-def read_state(
-    conn: Connection, rows: Iterable[Any], configured: Callable[[str], int], turns: Collection[str]
-) -> PoolState:
+def read_state(conn: Connection, rows: Iterable[Any], configured: Callable[[str], int]) -> PoolState:
     """Every pool's state from `STATE`'s rows; learned limits that grew back to the configured
-    limit are dropped (in the pools of `turns`: a pool's row is written under its turn only,
-    which is what keeps a claim from ever waiting for a pool's row while holding turns)."""
+    limit are dropped (rows another transaction is writing are left for a later claim: a claim
+    holding turns never waits for a pool's row)."""
     state = PoolState()
     recovered: list[str] = []
     for endpoint, is_cooling, limit, peak, allowed in rows:
@@ -275,10 +277,12 @@ def read_state(
             state.allowed[endpoint] = int(allowed)
         if limit is not None:
             if limit >= configured(endpoint):
-                if endpoint in turns:
-                    recovered.append(endpoint)
+                recovered.append(endpoint)
             else:
                 state.learned[endpoint] = int(limit)
-    if recovered:
-        conn.execute(update(pools).where(pools.c.endpoint.in_(recovered)).values(learned_limit=None, successes=0))
+    if recovered:  # each row locked as found, skipping one another transaction writes: never waited for
+        locked = select(pools.c.endpoint).where(pools.c.endpoint.in_(recovered)).with_for_update(skip_locked=True)
+        conn.execute(
+            update(pools).where(pools.c.endpoint.in_(locked.scalar_subquery())).values(learned_limit=None, successes=0)
+        )
     return state

@@ -4,8 +4,9 @@ Revision ID: 0016
 Revises: 0015
 Create Date: 2026-11-28 14:10:00
 
-`llm_slots` holds one row per slot of `MAX_CONCURRENT_LLM_CALLS` (numbered from 1, created by the
-claims as a limit needs them). A PostgreSQL claim takes free slots (`holder` NULL) with `FOR UPDATE
+`llm_slots` holds one row per slot of `MAX_CONCURRENT_LLM_CALLS` (pool '') and of each pool's limit
+(pool: the endpoint), numbered from 1, made by the claims as a limit needs them. A PostgreSQL claim
+takes free slots (`holder` NULL) with `FOR UPDATE
 SKIP LOCKED` and writes the requests it starts into them; a trigger frees a request's slot in the
 very transaction that ends its `running` (any statement, any path: an outcome, a lease reclaimed,
 a worker released, a slot given back) or deletes it. Requests running when this migration runs get
@@ -46,18 +47,22 @@ FOR EACH ROW WHEN (OLD.status = 'running')
 EXECUTE FUNCTION ledger_free_slot()
 """
 _ADOPT_RUNNING = """
-INSERT INTO llm_slots (slot_no, holder)
-SELECT row_number() OVER (ORDER BY id), id FROM llm_requests WHERE status = 'running'
+INSERT INTO llm_slots (pool, slot_no, holder)
+SELECT '', row_number() OVER (ORDER BY id), id FROM llm_requests WHERE status = 'running'
+UNION ALL
+SELECT endpoint, row_number() OVER (PARTITION BY endpoint ORDER BY id), id
+FROM llm_requests WHERE status = 'running'
 """
 
 
 def upgrade() -> None:
     op.create_table(
         "llm_slots",
+        sa.Column("pool", sa.String(length=300), nullable=False),
         sa.Column("slot_no", sa.Integer(), autoincrement=False, nullable=False),
         sa.Column("holder", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=True),
-        sa.PrimaryKeyConstraint("slot_no"),
-        sa.UniqueConstraint("holder"),
+        sa.PrimaryKeyConstraint("pool", "slot_no"),
+        sa.UniqueConstraint("holder", "pool", name="uq_llm_slots_holder"),
     )
     if op.get_bind().dialect.name == "postgresql":
         op.execute(_FUNCTION)

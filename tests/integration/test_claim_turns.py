@@ -7,14 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.engine import Connection
 
 from ledger.store import Store
-from ledger.store.commit import transaction
-from ledger.store.dialect import POOL
 from ledger.store.rows import Claim, Completed
 from tests.integration.store_helpers import add_requests
-from tests.integration.test_lease_endings import in_thread, wait_until_blocked_by
+from tests.integration.test_lease_endings import in_thread
 
 
 def limits(global_limit: int, only: str | None = None) -> dict[str, Any]:
@@ -29,33 +26,32 @@ def limits(global_limit: int, only: str | None = None) -> dict[str, Any]:
     }
 
 
-def pid_of(conn: Connection) -> int:
-    return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
-
-
-def test_a_claim_for_another_pool_is_not_kept_waiting_by_a_pools_claim_in_progress(pg_url: str) -> None:
-    """One daemon is inside a claim for pool a (its turn held, not committed): another daemon's
-    claim for pool b completes meanwhile, and a claim for pool a waits for that turn alone."""
-    store, other, third = Store(pg_url), Store(pg_url), Store(pg_url)
-    add_requests(store, 2, model="a")
-    add_requests(store, 2, model="b")
-    with transaction(store.engine, store.dialect) as conn:
-        store.dialect.writer_turn(conn, "holder")
-        store.dialect.take_turns(conn, [(POOL, "mock:a")])  # a claim of pool a in progress
-        pid = pid_of(conn)
-        # Pool a is full to this claimer: it claims for pool b only, and is not kept waiting.
-        b_thread, b_box = in_thread(lambda: other.claim("w-b", **limits(5, only="mock:b")))
-        b_thread.join(timeout=30)
-        finished_while_held = not b_thread.is_alive()
-        # A claim for pool a waits for pool a's turn.
-        a_thread, a_box = in_thread(lambda: third.claim("w-a", **limits(5, only="mock:a")))
-        wait_until_blocked_by(third, pid)
-    a_thread.join(timeout=30)
-    assert finished_while_held
-    assert isinstance(b_box[0], Claim) and {r.endpoint for r in b_box[0].requests} == {"mock:b"}
-    assert len(b_box[0].requests) == 2
-    assert isinstance(a_box[0], Claim) and len(a_box[0].requests) == 2
-    for s in (store, other, third):
+def test_a_claim_in_progress_keeps_no_other_claim_waiting_and_its_pool_limit_holds(pg_url: str) -> None:
+    """One daemon is inside a claim of pool a (2 of its 3 slots taken, not committed): another
+    daemon's claim completes meanwhile, without waiting, and takes pool a's last slot and pool b's
+    requests; once both committed, pool a has exactly its limit in flight."""
+    first, other = Store(pg_url), Store(pg_url)
+    add_requests(first, 20, model="a")
+    add_requests(first, 2, model="b")
+    per_pool = {**limits(10), "pool_limit": lambda _: 3}
+    first.make_slots(10)
+    with first.engine.connect() as conn, conn.begin():
+        first.dialect.writer_turn(conn, "w1")
+        assert len(first.claim_in(conn, "w1", **{**per_pool, "max_claims": 2}).requests) == 2
+        thread, box = in_thread(lambda: other.claim("w2", **per_pool))
+        thread.join(timeout=30)
+        finished_while_held = not thread.is_alive()
+    thread.join(timeout=30)
+    assert finished_while_held, "a claim waited for another claim in progress"
+    assert isinstance(box[0], Claim)
+    taken = sorted(r.endpoint for r in box[0].requests)
+    assert taken == ["mock:a", "mock:b", "mock:b"]  # pool a's last slot, and pool b's requests
+    with first.engine.connect() as conn:
+        running = dict(
+            conn.execute(text("SELECT endpoint, count(*) FROM llm_requests WHERE status = 'running' GROUP BY 1")).all()
+        )
+    assert running == {"mock:a": 3, "mock:b": 2}
+    for s in (first, other):
         s.close()
 
 
