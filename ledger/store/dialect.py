@@ -14,7 +14,8 @@ constructs defined here:
   `Dialect.writer_turn()`, the ledger's turn shared (a claim, a group commit, a renewal: they
   never wait for each other there) and the daemon's own; `Dialect.serialize_claimers()`, the
   ledger's turn alone (the rare multi-row writers: cancel, jobs, provider batches); and
-  `Dialect.take_turns()`, a pool's or a job's (a claim waits only for claims of its pools).
+  `Dialect.take_turns()`, a pool's (one with an RPM / TPM cap or a provider's window: other
+  pools keep their limits as slots, `slots.py`) or a job's (its own budget).
   Every transaction takes them in one order (ledger, worker, pools, jobs by name); one that would
   break it is only tried, never waited for, so advisory locks never deadlock
   (docs/architecture.md, "Claims without a ledger-wide lock").
