@@ -15,8 +15,16 @@ Two scenarios, each run for every daemon count:
     the mock provider (/proc/<pid>/stat before it stops), of the daemons'
     PostgreSQL backends (/proc/<pid>/stat, sampled while they live) and of the
     whole machine (/proc/stat); PostgreSQL commits/s (`pg_stat_database.xact_commit`);
-    and how often daemons wait on the claim lock (`pg_stat_activity` sampled every
-    ~20 ms: share of samples with a daemon backend on `Lock`/`advisory`).
+    and how much daemons wait for each other's locks (`pg_stat_activity` sampled every
+    ~20 ms: a daemon backend on any heavyweight `Lock`: advisory turns, rows (`tuple`,
+    `transactionid`), relations). `--cpu-bound` runs this scenario only, and prints per
+    daemon count req/s, the speed-up over the count before it and the lock-wait share
+    (of the daemons' statement time, the samples' active backends, spent waiting on a lock).
+
+On a machine with fewer cores than daemons, req/s cannot grow with N; the lock-wait share is the
+figure that shows whether daemons still queue behind one another. On a 16-core host:
+
+    python -m bench.scale_out --cpu-bound --daemons 1,2,4,8,16
 
 The requests are enqueued through the Python API first; then the N daemons start
 together as real processes (`python -m ledger.cli daemon --until-idle`), each with
@@ -24,7 +32,7 @@ its own `application_name`, worker id and JSON log file.
 
     python -m bench.scale_out [--daemons 1,2,4] [--requests 2000] [--cpu-requests 4000]
                               [--limit 50] [--latency 0.2] [--runs 1]
-                              [--scenario latency,cpu] [--pg DSN]
+                              [--scenario latency,cpu] [--cpu-bound] [--pg DSN]
 """
 
 from __future__ import annotations
@@ -101,7 +109,8 @@ class Sample:
     ts: float
     backends: int  # daemon backends connected
     active: int  # of which running a statement
-    on_lock: int  # of which waiting on the claim lock (Lock/advisory)
+    on_lock: int  # of which waiting on a lock another session holds (any heavyweight Lock)
+    waits: tuple[str, ...]  # the lock types waited on (advisory, tuple, transactionid, ...)
     daemons_cpu: float  # cumulative CPU seconds: the daemon processes
     mock_cpu: float  # the mock provider
     backends_cpu: float  # the daemons' PostgreSQL backends (last seen value of each, ever)
@@ -164,7 +173,8 @@ class Sampler:
                         ts=ts,
                         backends=len(ours),
                         active=sum(1 for r in ours if r[1] == "active"),
-                        on_lock=sum(1 for r in ours if r[2] == "Lock" and r[3] == "advisory"),
+                        on_lock=sum(1 for r in ours if r[2] == "Lock"),
+                        waits=tuple(str(r[3]) for r in ours if r[2] == "Lock"),
                         daemons_cpu=sum(self.daemon_cpu.values()),
                         mock_cpu=proc_cpu_s(self.mock_pid) or 0.0,
                         backends_cpu=sum(self.backend_cpu.values()),
@@ -196,8 +206,10 @@ class Run:
     machine_cores: float  # every process on the machine
     cores: int
     commits: int  # xact_commit delta of the database, the sampler's own transactions removed
-    lock_share: float  # share of samples in the makespan with a daemon backend waiting on the claim lock
+    lock_share: float  # share of samples in the makespan with a daemon backend waiting on a lock
     mean_waiters: float
+    wait_share: float  # of the daemons' backends running a statement, the share waiting on a lock
+    wait_types: dict[str, int]  # lock type -> backend samples waiting on it
     active_share: float  # share of samples with a daemon backend running a statement
     others_share: float  # share of samples where another client of the database ran a statement
     bare_s: float | None = None  # the bare SDK loop's time for the same requests, same mock (latency runs)
@@ -309,6 +321,8 @@ def run_once(pg: str, n_daemons: int, n_requests: int, limit: int, latency: floa
         commits=commits,
         lock_share=sum(1 for s in window if s.on_lock > 0) / len(window),
         mean_waiters=sum(s.on_lock for s in window) / len(window),
+        wait_share=sum(s.on_lock for s in window) / max(1, sum(s.active for s in window)),
+        wait_types=dict(Counter(w for s in window for w in s.waits)),
         active_share=sum(1 for s in window if s.active > 0) / len(window),
         others_share=sampler.others_active / max(1, sampler.queries),
         bare_s=bare_s,
@@ -445,10 +459,42 @@ def cpu_table(runs: list[Run], limit: int) -> None:
         "  Over the makespan: busy cores = CPU-seconds per second of the whole machine / cores; daemons, mock,\n"
         "  pg (the daemons' PostgreSQL backends), bench (this process, the sampler) and other (everything else:\n"
         "  PostgreSQL's walwriter etc., the OS, other users) in cores; ms/req = CPU ms per request.\n"
-        "  lock-wait: share of ~20 ms samples with a daemon backend waiting on the claim lock (Lock/advisory);\n"
+        "  lock-wait: share of ~20 ms samples with a daemon backend waiting on a lock (any heavyweight Lock);\n"
         "  waiters: mean backends waiting; db active: share with a daemon backend running a statement.\n"
         "  commits: pg_stat_database.xact_commit delta over the makespan. daemon/mock cpu s: whole life\n"
         "  (wait4 rusage; /proc/<pid>/stat), start-up included."
+    )
+
+
+def scale_table(runs: list[Run]) -> None:
+    """Per daemon count: req/s (mean of the runs), speed-up over the count before it, and the
+    share of the daemons' statement time spent waiting on another daemon's lock."""
+    counts = sorted({r.daemons for r in runs})
+    rows, before = [], None
+    for n in counts:
+        mine = [r for r in runs if r.daemons == n]
+        rate = sum(r.requests / r.makespan for r in mine) / len(mine)
+        types: Counter[str] = Counter()
+        for r in mine:
+            types.update(r.wait_types)
+        rows.append(
+            [
+                str(n),
+                " ".join(f"{r.requests / r.makespan:.0f}" for r in mine),
+                f"{rate:.0f}",
+                f"{rate / before:.2f}" if before else "-",
+                " ".join(f"{r.wait_share:.0%}" for r in mine),
+                " ".join(f"{r.lock_share:.0%}" for r in mine),
+                ", ".join(f"{t} {c}" for t, c in types.most_common(3)) or "-",
+            ]
+        )
+        before = rate
+    header = ["N", "req/s (runs)", "req/s", "x prev N", "lock-wait share", "samples waiting", "waited on"]
+    print_table("scale-out, CPU-bound", header, rows)
+    print(
+        "  lock-wait share: of the daemons' backends running a statement (~20 ms samples), the share waiting\n"
+        "  on a lock another session holds; samples waiting: share of samples with any daemon backend waiting.\n"
+        "  On a 16-core host the goal is 8 daemons >= 1.6 x 4 daemons; on fewer cores, the wait share must fall."
     )
 
 
@@ -461,10 +507,11 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--runs", type=int, default=1, help="repetitions of each (scenario, N)")
     parser.add_argument("--scenario", default="latency,cpu", help="latency, cpu or both")
+    parser.add_argument("--cpu-bound", action="store_true", help="the CPU-bound scenario only, with its scale table")
     parser.add_argument("--pg", default=PG_DSN, help="PostgreSQL DSN (a throw-away schema is created in it)")
     args = parser.parse_args()
     counts = [int(x) for x in args.daemons.split(",")]
-    scenarios = args.scenario.split(",")
+    scenarios = ["cpu"] if args.cpu_bound else args.scenario.split(",")
     print(f"{os.cpu_count()} CPUs; daemons {counts}; runs {args.runs}")
     if "latency" in scenarios:
         runs = [
@@ -477,6 +524,7 @@ def main() -> int:
     if "cpu" in scenarios:
         runs = [run_once(args.pg, n, args.cpu_requests, args.limit, 0.0) for _ in range(args.runs) for n in counts]
         cpu_table(sorted(runs, key=lambda r: r.daemons), args.limit)
+        scale_table(runs)
         warn_others(runs)
     return 0
 

@@ -55,7 +55,7 @@ from ledger.store.errors import DatabaseUnavailable
 from ledger.waits import Handoff, as_raised
 
 LOG = logging.getLogger("ledger.batches")
-# Result lines per transaction. Each transaction holds the claim lock (an online claim waits at
+# Result lines per transaction. Each transaction holds the ledger's turn alone (an online claim waits at
 # most one chunk, ~0.15 s on PostgreSQL) and pays a fixed toll: the lock, the lease fence, the
 # commit, and the database lane's other users in between. 5,000 mapped 100,000 requests
 # 10-15 % faster than 2,000 on PostgreSQL; 10,000 no faster again (docs/benchmarks-history.md).

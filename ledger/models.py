@@ -373,7 +373,7 @@ class LlmPoolOverride(SQLModel, table=True):
 
 class LlmQuestionTurn(SQLModel, table=True):
     """One row per question the response cache has resolved on PostgreSQL (its `cache_key`,
-    migration 0016): the row an enqueue locks while it decides which request of that question
+    migration 0017): the row an enqueue locks while it decides which request of that question
     is the original, so that enqueues of the same question take turns and enqueues of different
     questions never wait for each other (`Dialect.take_question_turns`). Holds nothing else;
     SQLite, whose writers take turns on the whole file, leaves it empty."""
@@ -402,6 +402,22 @@ class LlmPoolCall(SQLModel, table=True):
     attempt: int = Field(sa_column=Column(Integer, nullable=False))
     tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
     started_at: datetime | None = _ts(nullable=False, default_now=True)
+
+
+class LlmSlot(SQLModel, table=True):
+    """One slot of the global limit (pool '') or of a pool's (PostgreSQL, migration 0016): a claim
+    takes free ones (`FOR UPDATE SKIP LOCKED`) and writes the request it starts into `holder`; the
+    transaction that ends that request's `running` frees it (a trigger). At most one holder per
+    slot, and a claim takes only slots numbered up to its limit: the limit holds with no lock
+    every claim waits for (`ledger/store/slots.py`). SQLite serialises its writers and leaves the
+    table empty."""
+
+    __tablename__ = "llm_slots"
+    __table_args__ = (UniqueConstraint("holder", "pool", name="uq_llm_slots_holder"),)
+
+    pool: str = Field(sa_column=Column(String(300), primary_key=True))
+    slot_no: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    holder: int | None = Field(default=None, sa_column=Column(IdType, nullable=True))
 
 
 class LlmWorker(SQLModel, table=True):

@@ -62,6 +62,7 @@ class Store(
         self.pool_probe_seconds = pool_probe_seconds
         self.learning = set()
         self.windowed = set()
+        self.pool_slots_made = {}
         self.engine, self.dialect = open_engine(
             url,
             ping_on_checkout=ping_on_checkout,

@@ -224,7 +224,7 @@ class BatchResultQueries:
         error is retryable, else `error`; expired / canceled: back to the queue, not counted.
         """
         with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            self.dialect.serialize_claimers(conn)  # a writer of many rows: the ledger's turn alone
             _fence(conn, lease)
             return _map_in(conn, self.dialect, lease.id, lines, max_attempts, delay_for)
 
@@ -247,7 +247,7 @@ class BatchResultQueries:
         `status`, its lease let go."""
         mapped = Mapped()
         with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            self.dialect.serialize_claimers(conn)  # a writer of many rows: the ledger's turn alone
             row = _fence(conn, lease)
             if row.fallback_at is not None and row.cancel_requested_at is None:
                 mapped.online = sum(detach(conn, lease.id).values())

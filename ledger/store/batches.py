@@ -10,8 +10,8 @@ Invariants every statement here keeps:
   opened and counted) in the transaction that makes the batch `submitting`, before
   any provider call (its result is then written only while it is still
   `submitted` in that very batch: see `batch_results.py`).
-- Transactions that update many request rows take the claim lock first (the lock
-  order of every multi-row writer, docs/architecture.md).
+- Transactions that update many request rows take the ledger's turn alone first (they then
+  never run beside a claim or a group commit, which hold it shared: docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import ColumnElement
 
 from ledger.statuses import AttemptOutcome, BatchStatus, Delivery, RequestStatus
-from ledger.store.claim import QUEUED, Budget
+from ledger.store.budget import Budget
+from ledger.store.claim import QUEUED
 from ledger.store.commit import any_row, reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus, unindexed
 from ledger.store.row_sets import bound_rows
@@ -245,13 +246,13 @@ class BatchQueries:
         """Attach requests to the batch (those still queued): `submitted`, attempt counted and opened.
 
         Like a claim, an attach reserves each request's worst-case cost against today's
-        budget and its job's, under the claim lock: requests that do not fit stay queued
+        budget and its job's, under the ledger's turn alone: requests that do not fit stay queued
         for a later batch. Returns the ids attached, in id order; the batch becomes
         `submitting`. A batch with nothing left to attach (all canceled meanwhile, or
         none affordable) is deleted.
         """
         with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            self.dialect.serialize_claimers(conn)  # a writer of many rows: the ledger's turn alone
             _fence(conn, lease)
             ids = _affordable(conn, ids, daily_budget, self.job_caps)
             for start in range(0, len(ids), _ATTACH_CHUNK):

@@ -1,8 +1,9 @@
 """The claim's SQL: a `running` row is an occupied slot; leases keep it, expiry frees it.
 
 Invariants every statement here keeps:
-- The claim transaction counts `running` rows per pool and in total *after*
-  serialising claimers, so no number of daemon processes can overshoot a limit.
+- The claim counts `running` rows of a pool *after* taking that pool's turn, and takes the
+  global limit's slots one by one (PostgreSQL; SQLite's one writer counts the total), so no
+  number of daemon processes can overshoot a limit (docs/architecture.md).
 - A claim increments the request's attempt counter and inserts the attempt row
   in the same transaction, before any call: a crash resumes at the right attempt.
 - Times are the database's (`db_now`), never the process's.
@@ -41,13 +42,24 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
 from ledger.store import pools as pool_state
+from ledger.store import slots as slot_sql
+from ledger.store.budget import Budget
 from ledger.store.cache import sweep_twins
 from ledger.store.commit import transaction
-from ledger.store.dialect import Dialect, Ran, db_now, db_now_plus, db_today, read_json_column, unindexed
+from ledger.store.dialect import (
+    JOB,
+    POOL,
+    Dialect,
+    Ran,
+    db_now,
+    db_now_plus,
+    read_json_column,
+    unindexed,
+)
 from ledger.store.pool_overrides import READ_OVERRIDES, overrides_from
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
-from ledger.store.tables import attempts, jobs, requests, workers
+from ledger.store.tables import attempts, requests, workers
 
 RUNNING = RequestStatus.RUNNING.value
 QUEUED = RequestStatus.QUEUED.value
@@ -165,6 +177,11 @@ _START_TAKEN = insert(attempts).from_select(
     select(_c.id, _c.attempts, bindparam("b_worker"), literal(RUNNING_ATTEMPT), db_now()).where(_c.id == _TAKEN.c.id),
 )
 _ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
+# `_TAKE_AND_START` with the slots its rows take (PostgreSQL: `slots.py`).
+_TAKE_START_AND_HOLD = _TAKE_AND_START.add_cte(slot_sql.hold(_taken))
+# Expired leases, each locked as it is found; one another transaction holds (its owner writing its
+# outcome late, another claimer reclaiming it) is left to that transaction: a reclaim never waits.
+_EXPIRED = select(_c.id).where(_c.status == RUNNING, _c.lease_expires_at < db_now())
 
 
 @dataclass(frozen=True)
@@ -175,6 +192,51 @@ class ClaimReads:
     statements: list[tuple[Any, dict[str, Any]]]
     candidates_asked: int
     found: list[Ran] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """What a claim was asked to keep to, as `_claim_pools` needs it."""
+
+    worker: str
+    lease_seconds: float
+    global_limit: int
+    max_claims: int
+    pool_limit: Callable[[str], int]
+    rules: pool_state.PoolRules
+    proven: Mapping[str, int] | None
+    hold: Collection[str]
+    daily_budget: float | None
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """`_CLAIM_STATE` as read: slots in use per pool and in total, and what the claim may take:
+    its free slots, its daemon's fair share of the global limit and `max_claims` (the least)."""
+
+    in_flight: dict[str, int]
+    total: int
+    free: int
+
+    @classmethod
+    def read(cls, rows: Any, global_limit: int, max_claims: int) -> _Counts:
+        in_flight: dict[str, int] = {}
+        state = {_LIVE_WORKERS: 0, _MINE: 0}
+        for endpoint, n in rows:
+            if endpoint in state:
+                state[endpoint] = n
+            else:
+                in_flight[endpoint] = n
+        total = sum(in_flight.values())
+        # Several daemons share the global limit fairly: each holds at most its share.
+        share = -(-global_limit // max(state[_LIVE_WORKERS], 1))
+        return cls(in_flight, total, min(global_limit - total, max_claims, share - state[_MINE]))
+
+
+def _closed(room: pool_state.PoolRoom, candidates: list[Any]) -> set[str]:
+    """The pools of `candidates` that `room` leaves no call to: full, cooling, their window spent."""
+    ends = {r.endpoint for r in candidates}
+    return set(room.full) | {ep for ep in ends if room.in_flight.get(ep, 0) >= room.limit(ep) or ep in room.cooling}
 
 
 def _candidates_for(slots: int) -> int:
@@ -199,15 +261,35 @@ class ClaimQueries:
     # Job id -> its own budget (None: none): fixed when the job is staged, so looked up once (Store sets it).
     job_caps: dict[str, float | None]
 
+    # Slots made in llm_slots, as far as this store knows (PostgreSQL: `make_slots`): the global
+    # limit's, and per slotted pool (`_claim_pools`).
+    slots_made: int = 0
+    pool_slots_made: dict[str, int]
+
     @cached_property
     def _candidates(self) -> Select[Any]:
         return self.dialect.for_update(_CANDIDATES)
 
     def claim(self, worker: str, **limits: Any) -> Claim:
-        """Take as many due requests as free slots allow, in one serialised transaction."""
+        """Take as many due requests as free slots allow, in one transaction (see `claim_in`)."""
+        self.make_slots(limits["global_limit"])
         with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)
+            self.dialect.writer_turn(conn, worker, alone=limits.get("daily_budget") is not None)
             return self.claim_in(conn, worker, **limits)
+
+    def make_slots(self, global_limit: int, pools: Mapping[str, int] | None = None) -> None:
+        """PostgreSQL: the global limit's slots numbered 1..`global_limit` exist, and each of `pools`'
+        1..its limit. Made once per process, in a transaction of their own, committed at once:
+        never inside a claim, where an insert could wait behind another claim's new slots."""
+        new = {p: n for p, n in (pools or {}).items() if self.pool_slots_made.get(p, 0) < n}
+        if global_limit > self.slots_made:
+            new[slot_sql.GLOBAL] = global_limit
+        if self.dialect.keeps_slots and new:
+            with transaction(self.engine, self.dialect, rerunnable=True) as conn:
+                rows = [{"pool": p, "lim": n} for p, n in sorted(new.items())]
+                conn.execute(slot_sql.MAKE_SLOTS, {"b_pools": slot_sql.pools_json(rows)})
+            self.slots_made = max(self.slots_made, global_limit)
+            self.pool_slots_made.update({p: n for p, n in new.items() if p != slot_sql.GLOBAL})
 
     def claim_reads(self, worker: str, lease_seconds: float, expected: int) -> ClaimReads:
         """The claim's reads (slots in use, pool state, due candidates for about `expected` free
@@ -244,10 +326,15 @@ class ClaimQueries:
         hold: Collection[str] = (),
         read: ClaimReads | None = None,
     ) -> Claim:
-        """The claim, inside a transaction that already holds the claim lock. `proven`: per pool,
-        the slots an outcome just freed with an answer (a group commit's own claim); `hold`:
-        pools this claim leaves alone (a refusal from them is on its way to the ledger); `read`:
-        `claim_reads` with what it found, read in this transaction after its last write."""
+        """The claim, inside a transaction that holds the writer's turn (`Dialect.writer_turn`; the
+        ledger's turn alone under a daily budget). `proven`: per pool, the slots an outcome just
+        freed with an answer (a group commit's own claim); `hold`: pools this claim leaves alone (a
+        refusal from them is on its way to the ledger); `read`: `claim_reads` with what it found,
+        read in this transaction after its last write.
+
+        What was read before the pools' turns is a view only: it names the pools to take turns
+        for. Their running rows, state and windows are read again once their turns are held
+        (`_claim_pools`), and only those counts decide; the global limit is the slots taken."""
         if reclaim:
             # A live claimer never reclaims what it is still working on, however late its
             # renewal (a database outage longer than the lease): it renews those first.
@@ -259,60 +346,132 @@ class ClaimQueries:
         counts, state_rows, override_rows = (
             self.dialect.run_all(conn, self._state_reads(worker, lease_seconds)) if read is None else read.found[:3]
         )
-        in_flight: dict[str, int] = {}
-        state = {_LIVE_WORKERS: 0, _MINE: 0}
-        for endpoint, n in counts:
-            if endpoint in state:
-                state[endpoint] = n
-            else:
-                in_flight[endpoint] = n
-        total = sum(in_flight.values())
-        reclaimed = ReleasedRows(reclaimed_rows, total, reclaim_ts) if reclaimed_rows else NOTHING_RELEASED
-        # Several daemons share the global limit fairly: each holds at most its share.
-        share = -(-global_limit // max(state[_LIVE_WORKERS], 1))
-        free_total = min(global_limit - total, max_claims, share - state[_MINE])
-        if free_total <= 0:
-            return Claim([], total, reclaimed)
+        seen = _Counts.read(counts, global_limit, max_claims)
+        reclaimed = ReleasedRows(reclaimed_rows, seen.total, reclaim_ts) if reclaimed_rows else NOTHING_RELEASED
+        if seen.free <= 0:
+            return Claim([], seen.total, reclaimed)
         # Per pool: slots (configured, learned, slow start), cooldown, RPM/TPM window (pools.py);
         # limits changed live (`ledger pools set`) over the settings.
         rules, changed = self.pool_rules, overrides_from(override_rows)
         if changed is not None:
             pool_limit, rules = changed.applied(pool_limit, rules, global_limit)
-        room = pool_state.PoolRoom.read(conn, state_rows, in_flight, pool_limit, global_limit, rules, proven, hold)
+        limits = _Limits(worker, lease_seconds, global_limit, max_claims, pool_limit, rules, proven, hold, daily_budget)
+        view = pool_state.PoolRoom.read(conn, state_rows, seen.in_flight, pool_limit, global_limit, rules, proven, hold)
+        candidates = read.found[3].rows if read is not None else None
+        asked = read.candidates_asked if read is not None else 0
+        full, room = view.full, view
+        for last in (False, True):
+            if candidates is None:
+                asked = _candidates_for(seen.free)
+                (found,) = self.dialect.run_all(conn, [self._candidate_read(full, asked)])
+                candidates = found.rows
+            closed = _closed(room, candidates)  # no turn taken for a pool with no room left
+            seen, room, picked, grabbed = self._claim_pools(conn, limits, candidates, closed, seen.free, room)
+            if len(picked) >= seen.free or len(candidates) < asked or last:
+                break
+            # Too few: more rows were due, and a full pool's (or the budget's, or a pool whose
+            # turn another claim held) may have crowded the others out. Read again, past those.
+            full, candidates = sorted(_closed(room, candidates) | {r.endpoint for r in candidates} - room.turns), None
         self.learning, self.windowed = set(room.learned), set(room.allowed)
-        picked = None
-        if read is not None:  # candidates read before the pools were known: leave out the full ones
-            candidates, full = read.found[3].rows, set(room.full)
-            due = [row for row in candidates if row.endpoint not in full]
-            picked = self._pick(conn, due, room, free_total, daily_budget)
-            if len(picked) < free_total and len(candidates) >= read.candidates_asked:
-                # Too few: more rows were due, and a full pool's (or the budget's) may have
-                # crowded the others out. Read again, past the full pools, for the slots free.
-                picked, room = None, room.fresh()
-        if picked is None:
-            (more,) = self.dialect.run_all(conn, [self._candidate_read(room.full, _candidates_for(free_total))])
-            picked = self._pick(conn, more.rows, room, free_total, daily_budget)
         if not picked:
-            return Claim([], total, reclaimed)
+            return Claim([], seen.total, reclaimed)
         params = {**_PICKED.bind({"id": i} for i in picked), "b_worker": worker, "b_lease": lease_seconds}
+        together = _TAKE_AND_START
+        if grabbed is not None:  # each row taken holds slots locked for it
+            together = _TAKE_START_AND_HOLD
+            endpoint_of = {row.id: row.endpoint for row in candidates or ()}
+            params |= slot_sql.HOLD.bind(grabbed.pairs([(i, endpoint_of[i]) for i in picked]))
         leased_at = time.monotonic()
         took = self.dialect.update_then_insert(
             conn,
-            _TAKE_AND_START,
+            together,
             (_TAKE, params),
             lambda rows: (_START_TAKEN, {**_TAKEN.bind({"id": r.id} for r in rows), "b_worker": worker}),
         )
         claimed = [to_claimed(r) for r in took]
         order = {request_id: i for i, request_id in enumerate(picked)}
         ramping = room.started(conn, self.dialect, claimed)
-        return Claim(sorted(claimed, key=lambda r: order[r.id]), total + len(claimed), reclaimed, leased_at, ramping)
+        total = seen.total + len(claimed)
+        return Claim(sorted(claimed, key=lambda r: order[r.id]), total, reclaimed, leased_at, ramping)
+
+    def _claim_pools(
+        self,
+        conn: Connection,
+        limits: _Limits,
+        candidates: list[Any],
+        full: Collection[str],
+        free: int,
+        view: pool_state.PoolRoom,
+    ) -> tuple[_Counts, pool_state.PoolRoom, list[int], slot_sql.Grabbed | None]:
+        """Lock what the candidates' pools (those with room in `view`) need, read them again, and
+        pick what the counts, slots and budgets allow. A pool with an RPM / TPM cap or a provider's
+        window takes its turn (its window is counted exactly under it; SQLite: every pool, its
+        one writer holds every turn); on PostgreSQL every other pool takes its own slots instead,
+        and every request a global slot (`slots.py`), none waited for. Returns the counts read,
+        the room, the ids picked and, on PostgreSQL, the slots locked for them. `free`: the free
+        slots the view saw, the most global slots locked (others' claims skip those held here)."""
+        pools = sorted({r.endpoint for r in candidates} - set(full) - set(limits.hold))
+        keeps = self.dialect.keeps_slots
+        turned = [p for p in pools if not keeps or limits.rules.capped(p) or p in view.allowed]
+        slotted = [p for p in pools if p not in turned]
+        reads = self._state_reads(limits.worker, limits.lease_seconds)
+        if keeps:
+            reads += self._slot_reads(limits, candidates, pools, slotted, free, view)
+        turns, ran = self.dialect.take_turns(conn, [(POOL, p) for p in turned], *reads)
+        mine = {name for _, name in turns} | set(slotted)  # the pools this claim may take from
+        seen = _Counts.read(ran[0].rows, limits.global_limit, limits.max_claims)
+        grabbed = slot_sql.Grabbed.read(ran[-2].rows, ran[-1].rows) if keeps else None
+        room = pool_state.PoolRoom.read(
+            conn,
+            ran[1].rows,
+            seen.in_flight,
+            limits.pool_limit,
+            limits.global_limit,
+            limits.rules,
+            limits.proven,
+            limits.hold,
+            turns=mine,
+        )
+        room_left = seen.free
+        if grabbed is not None:
+            room.slot_caps = {p: len(grabbed.pools.get(p, [])) for p in slotted}
+            room_left = min(seen.free, len(grabbed.global_nos))
+        due = [row for row in candidates if row.endpoint in mine]
+        picked = self._pick(conn, due, room, room_left, limits.daily_budget) if room_left > 0 else []
+        return seen, room, picked, grabbed
+
+    def _slot_reads(
+        self,
+        limits: _Limits,
+        candidates: list[Any],
+        pools: list[str],
+        slotted: list[str],
+        free: int,
+        view: pool_state.PoolRoom,
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        """The statements that lock free slots: global ones for up to `free` candidates, each
+        slotted pool's for its candidates up to its room in `view` (slots missing made first)."""
+        per_pool = {p: sum(1 for r in candidates if r.endpoint == p) for p in pools}
+        wanted = sum(per_pool.values())
+        made = {p: min(limits.pool_limit(p), limits.global_limit) for p in slotted}
+        self.make_slots(limits.global_limit, made)  # a pool seen for the first time, or its limit raised
+        asked = []
+        for p in slotted:
+            lim = min(view.limit(p), made[p])
+            want = min(per_pool[p], free, max(lim - view.in_flight.get(p, 0), 0))
+            if want > 0:
+                asked.append({"pool": p, "lim": lim, "want": want})
+        return [
+            (slot_sql.FREE_SLOTS, {"b_global": limits.global_limit, "b_slots": max(min(wanted, free), 1)}),
+            (slot_sql.POOL_SLOTS, {"b_pools": slot_sql.pools_json(asked)}),
+        ]
 
     def _pick(
         self, conn: Connection, rows: list[Any], room: pool_state.PoolRoom, free_total: int, daily_budget: float | None
     ) -> list[int]:
         """Candidates in claim order that fit their pool's room and the budgets, up to `free_total`."""
         picked: list[int] = []
-        budget = Budget.read(conn, daily_budget, rows, self.job_caps)
+        budget = Budget.read(conn, daily_budget, rows, self.job_caps, self._job_turns(conn))
         for row in rows:
             if room.fits(row.endpoint, row.token_estimate) and budget.reserve(row.job_id, row.estimate_usd):
                 room.take(row.id, row.endpoint, row.token_estimate)
@@ -321,11 +480,22 @@ class ClaimQueries:
                     break
         return picked
 
+    def _job_turns(self, conn: Connection) -> Callable[[list[str]], set[str]]:
+        """Take jobs' turns (a job's budget is its own figure: reservations against it one at a
+        time), answering the jobs whose turn this transaction holds."""
+
+        def take(job_ids: list[str]) -> set[str]:
+            turns, _ = self.dialect.take_turns(conn, [(JOB, j) for j in job_ids])
+            return {name for _, name in turns}
+
+        return take
+
     def _reclaim_expired(self, conn: Connection, max_attempts: int) -> list[ClaimedRequest]:
-        """End the leases of dead workers: back to the queue, or canceled / spent (see `_end_leases`)."""
+        """End the leases of dead workers: back to the queue, or canceled / spent (see `_end_leases`).
+        Each row locked as found, skipping one another transaction holds: a reclaim never waits."""
         return _end_leases(
             conn,
-            and_(_c.status == RUNNING, _c.lease_expires_at < db_now()),
+            and_(_c.id.in_(self.dialect.for_update(_EXPIRED).scalar_subquery()), _c.status == RUNNING),
             LeaseEnd("lease_expired", "lease expired: the worker stopped renewing it", max_attempts),
         )
 
@@ -356,7 +526,7 @@ class ClaimQueries:
         with transaction(self.engine, self.dialect) as conn:
             if wait_at_most is not None:
                 self.dialect.bound_waits(conn, wait_at_most)
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            self.dialect.writer_turn(conn, worker)  # ordered with this daemon's records and claims
             conn.execute(self.dialect.upsert(workers, ["worker_id"], {"worker_id": worker}, {"heartbeat_at": db_now()}))
             return _extend(conn, worker, lease_seconds, held)
 
@@ -364,7 +534,7 @@ class ClaimQueries:
         """Give back every slot held under `worker`: a stopping daemon's cut-off calls, or at start,
         what a previous process with the same worker id left behind (see `_end_leases`)."""
         with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            self.dialect.writer_turn(conn, worker)  # ordered with this daemon's records and claims
             rows = _end_leases(
                 conn,
                 and_(_c.lease_owner == worker, _c.status == RUNNING),
@@ -373,76 +543,6 @@ class ClaimQueries:
             active = self._active(conn)
             ts = time.time()
         return ReleasedRows(rows, active, ts)
-
-
-@dataclass
-class Budget:
-    """What the claim may still reserve: today's cap and each candidate job's own cap.
-
-    Read under the claim lock, so what several daemons reserve together never passes
-    a cap: spent = the cost of what finished (today, or in the job) + the estimates
-    reserved by calls in flight. A request that does not fit waits in the queue.
-    Requests without an estimate (no price known) are not held back.
-    """
-
-    daily_left: float | None
-    job_left: dict[str, float]
-
-    @classmethod
-    def read(
-        cls, conn: Connection, daily_budget: float | None, candidates: list[Any], caps: dict[str, float | None]
-    ) -> Budget:
-        """`caps` (job id -> its budget_usd) is the caller's cache: a job's budget is fixed when
-        it is staged, so each job is looked up once per process, not on every claim."""
-        priced = [r for r in candidates if r.estimate_usd is not None]
-        if not priced:
-            return cls(None, {})
-        daily_left = None if daily_budget is None else daily_budget - spent_today(conn)
-        unknown = sorted({r.job_id for r in priced if r.job_id is not None} - caps.keys())
-        if unknown:
-            query = select(jobs.c.id, jobs.c.budget_usd).where(jobs.c.id.in_(unknown))
-            found: dict[str, float | None] = {row.id: row.budget_usd for row in conn.execute(query)}
-            caps.update({job_id: found.get(job_id) for job_id in unknown})
-        capped = sorted({r.job_id for r in priced if r.job_id is not None and caps.get(r.job_id) is not None})
-        job_left = {job_id: float(caps[job_id] or 0.0) - job_spent(conn, job_id) for job_id in capped}
-        return cls(daily_left, job_left)
-
-    def affordable(self, rows: list[Any]) -> list[Any]:
-        """The rows (id, job_id, estimate_usd) that fit, in order, each reserved as it is taken."""
-        return [row for row in rows if self.reserve(row.job_id, row.estimate_usd)]
-
-    def reserve(self, job_id: str | None, estimate: float | None) -> bool:
-        """Take `estimate` from what is left, or say it does not fit."""
-        if estimate is None:
-            return True
-        job_left = self.job_left.get(job_id) if job_id is not None else None
-        if (self.daily_left is not None and estimate > self.daily_left) or (
-            job_left is not None and estimate > job_left
-        ):
-            return False
-        if self.daily_left is not None:
-            self.daily_left -= estimate
-        if job_left is not None and job_id is not None:
-            self.job_left[job_id] = job_left - estimate
-        return True
-
-
-# Reservations count while their call may be spending: online in flight, or in a provider batch.
-_SPENDING = _c.status.in_([RUNNING, RequestStatus.SUBMITTED.value])
-_RESERVED = func.coalesce(func.sum(case((_SPENDING, _c.reserved_usd), else_=None)), 0.0)
-
-
-def spent_today(conn: Connection) -> float:
-    """Today's spend (UTC day, the database's clock): costs of what finished today + reservations in flight."""
-    finished = func.coalesce(func.sum(case((_c.completed_at >= db_today(), _c.cost_usd), else_=None)), 0.0)
-    row = conn.execute(select(finished, _RESERVED).where(or_(_c.completed_at >= db_today(), _SPENDING))).one()
-    return float(row[0]) + float(row[1])
-
-
-def job_spent(conn: Connection, job_id: str) -> float:
-    """A job's spend: costs of its finished requests + reservations of its calls in flight."""
-    row = conn.execute(select(func.coalesce(func.sum(_c.cost_usd), 0.0), _RESERVED).where(_c.job_id == job_id)).one()
-    return float(row[0]) + float(row[1])
 
 
 @dataclass(frozen=True)

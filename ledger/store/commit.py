@@ -4,7 +4,7 @@ A PostgreSQL backend terminated while it commits (a fast restart, an operator's
 `pg_terminate_backend`, a dropped network) leaves the client with an error and no
 answer: the transaction may or may not have committed. Trying it again blindly
 could apply it twice; giving up stops the daemon. Instead, every transaction that
-takes the claim lock learns its transaction id in the same statement (no extra
+takes the ledger's turn (shared or alone) learns its transaction id in the same statement (no extra
 round trip), and after a lost COMMIT the store asks the server, on a new
 connection, what became of that id (`pg_xact_status`):
 
@@ -12,7 +12,7 @@ connection, what became of that id (`pg_xact_status`):
 - aborted (or never known to the server): nothing was written; `CommitNotApplied`
   is raised, which the database lane retries like any transient failure.
 
-A transaction that takes no claim lock can ask for its id too (`resolvable`, one round
+A transaction that takes no turn can ask for its id too (`resolvable`, one round
 trip more): the daemon's job and batch steps do. A transaction without a known id (or on
 SQLite, which has no connection to lose) keeps the old rule, the error stops the caller, unless it is
 `rerunnable`: one whose end state is the same however often it runs (a lease let
@@ -58,7 +58,7 @@ def transaction(
 ) -> Iterator[Connection]:
     """`engine.begin()`, with a lost COMMIT resolved instead of left unknown (`rerunnable`: see
     above). `resolvable`: learn the transaction id first (a round trip on PostgreSQL) for a
-    transaction that takes no claim lock and must not run twice: a job's phase, a batch's
+    transaction that takes no turn and must not run twice: a job's phase, a batch's
     submission, a fenced step of the batch loop."""
     with engine.connect() as conn:
         # `info` lives as long as the pooled DBAPI connection: an id left by an earlier

@@ -98,7 +98,7 @@ class DeadlineQueries:
         """Take the batch's unanswered `auto` requests out of it, online (under its lease).
         Returns how many per pool."""
         with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer
+            self.dialect.serialize_claimers(conn)  # a writer of many rows: the ledger's turn alone
             _fence(conn, lease)
             return detach(conn, lease.id)
 

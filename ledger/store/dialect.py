@@ -9,10 +9,16 @@ constructs defined here:
   so that plain string comparison orders them correctly.
 - PostgreSQL's BEGIN, sent by the store with a transaction's first statement, not by the
   driver as a round trip of its own (`engine_setup.configure_engine`, `driver_runs.in_one_query`).
-- `Dialect.serialize_claimers()`: makes claim transactions run one at a time, so
-  the in-flight count a claimer reads cannot be stale when it writes. PostgreSQL
-  takes a transaction-scoped advisory lock; SQLite gets the same guarantee from
-  `BEGIN IMMEDIATE` (its single writer), set up in `engine_setup.configure_engine`.
+- Turns (PostgreSQL's transaction-scoped advisory locks; SQLite's `BEGIN IMMEDIATE`, its single
+  writer, set up in `engine_setup.configure_engine`, already gives every one of them):
+  `Dialect.writer_turn()`, the ledger's turn shared (a claim, a group commit, a renewal: they
+  never wait for each other there) and the daemon's own; `Dialect.serialize_claimers()`, the
+  ledger's turn alone (the rare multi-row writers: cancel, jobs, provider batches); and
+  `Dialect.take_turns()`, a pool's (one with an RPM / TPM cap or a provider's window: other
+  pools keep their limits as slots, `slots.py`) or a job's (its own budget).
+  Every transaction takes them in one order (ledger, worker, pools, jobs by name); one that would
+  break it is only tried, never waited for, so advisory locks never deadlock
+  (docs/architecture.md, "Claims without a ledger-wide lock").
 - `Dialect.for_update()`: `FOR UPDATE SKIP LOCKED` where it exists.
 - `Dialect.bound_waits()`: a transaction that gives up waiting after a deadline
   (PostgreSQL's `lock_timeout` / `statement_timeout`).
@@ -126,6 +132,14 @@ CLAIM_LOCK_KEY = 7_391_046_221
 # Keyed by the table the claims write (its oid), not the search path, so every session on one
 # ledger takes the same lock whatever its search_path says.
 CLAIM_LOCK = f"hashtextextended(CAST(CAST('llm_requests' AS regclass) AS oid)::text, {CLAIM_LOCK_KEY})"
+# A turn's key: the ledger's table oid and the turn (`Turn`) as text, hashed like `CLAIM_LOCK`.
+TURN_LOCK = f"hashtextextended(CAST(CAST('llm_requests' AS regclass) AS oid)::text || :b_turn, {CLAIM_LOCK_KEY})"
+# What turns are taken for, in the order every transaction takes them (`Turn` sorts by rank, then name).
+LEDGER, WORKER, POOL, JOB = 0, 1, 2, 3
+# A turn: (rank, name), e.g. (POOL, "openai:gpt-4o-mini").
+Turn = tuple[int, str]
+# Where a transaction keeps the turns it holds (Connection.info, with the transaction they belong to).
+_TURNS_KEY = "ledger_turns"
 
 
 class Dialect:
@@ -140,18 +154,78 @@ class Dialect:
         # its `id` is never another statement's.
         self._statements: dict[int, _Hot] = {}
         self._sqlite_max_values: int | None = None  # values a statement binds as VALUES (`sqlite_statement`)
+        # PostgreSQL keeps the global limit as slots (`llm_slots`), taken by claims that run side by
+        # side; SQLite's claims run one at a time (BEGIN IMMEDIATE), and their count is exact.
+        self.keeps_slots = name == "postgresql"
 
     def serialize_claimers(self, conn: Connection, *then: tuple[Any, dict[str, Any]]) -> list[Ran]:
-        """Take the claim lock, then run the hot statements `then` (see `run_all`) in the same
-        round trip; returns their results. SQLite: BEGIN IMMEDIATE already holds the only write
-        lock, and `then` runs as it is."""
+        """Take the ledger's turn alone (it waits for every claim, group commit and renewal in
+        progress, which hold it shared, and they wait for it), then run the hot statements `then`
+        (see `run_all`) in the same round trip; returns their results. For the rare writers of many
+        rows that run beside the claims (cancel, a job's writes, a provider batch's), and for claims
+        under a daily budget (spend is one figure for the whole ledger). SQLite: BEGIN IMMEDIATE
+        already holds the only write lock, and `then` runs as it is."""
+        return self._ledger_turn(conn, _CLAIM_LOCK, None, then)
+
+    def writer_turn(
+        self, conn: Connection, worker: str | None, *then: tuple[Any, dict[str, Any]], alone: bool = False
+    ) -> list[Ran]:
+        """The ledger's turn shared (`alone`: exclusive, as `serialize_claimers`) and `worker`'s
+        own, first in the transaction, then `then` in the same round trip. Claims, group commits,
+        renewals and releases take it: shared, they never wait for each other's; it keeps them
+        out of the way of the rare writers that take the ledger's turn alone (both update many
+        request rows, and would deadlock in the order they lock them). The worker's turn orders
+        a daemon's own lanes (its main lane's records and claims, its renewals: the same rows);
+        None: a writer that knows of no worker (a group commit that claims nothing) takes none."""
+        return self._ledger_turn(conn, _CLAIM_LOCK if alone else _LEDGER_SHARED, worker, then)
+
+    def _ledger_turn(
+        self, conn: Connection, lock: Any, worker: str | None, then: Iterable[tuple[Any, dict[str, Any]]]
+    ) -> list[Ran]:
         if self.name != "postgresql":
             return self.run_all(conn, then)
+        mine = [(_TURN, {"b_turn": _turn_text((WORKER, worker))})] if worker is not None else []
         # The transaction id comes back with the lock, for free: if the COMMIT's answer is
         # lost, `commit.transaction` asks the server what became of it (`transaction_committed`).
-        lock, *results = self.run_all(conn, [(_CLAIM_LOCK, {}), *then])
-        conn.info[XID_KEY] = lock.rows[0][1]
-        return results
+        ran = self.run_all(conn, [(lock, {}), *mine, *then])
+        conn.info[XID_KEY] = ran[0].rows[0][1]
+        self._held(conn).update([(LEDGER, ""), *([(WORKER, worker)] if worker is not None else [])])
+        return ran[1 + len(mine) :]
+
+    def take_turns(
+        self, conn: Connection, turns: Iterable[Turn], *then: tuple[Any, dict[str, Any]]
+    ) -> tuple[set[Turn], list[Ran]]:
+        """Take `turns` (pools' or jobs'), then run `then` in the same round trip, read after
+        them; returns the turns this transaction now holds of those asked, and `then`'s results.
+
+        Taken in (rank, name) order. A turn that sorts before one this transaction holds already
+        is only tried (`pg_try_advisory_xact_lock`), never waited for: a wait only ever goes up
+        the order, so no two transactions wait for each other's turns. A turn tried and found
+        taken is left out of the answer: the caller leaves that pool (or job) alone this time.
+        SQLite: every turn (BEGIN IMMEDIATE holds the only write lock)."""
+        asked = set(turns)
+        if self.name != "postgresql":
+            return asked, self.run_all(conn, then)
+        held = self._held(conn)
+        top = max(held) if held else None
+        locks: list[tuple[Any, dict[str, Any]]] = []
+        new = sorted(asked - held)
+        for turn in new:
+            waits = top is None or turn > top
+            locks.append((_TURN if waits else _TRY_TURN, {"b_turn": _turn_text(turn)}))
+            top = turn if waits else top
+        ran = self.run_all(conn, [*locks, *then])
+        held |= {turn for turn, (lock, _), got in zip(new, locks, ran, strict=False) if lock is _TURN or got.rows[0][0]}
+        return asked & held, ran[len(locks) :]
+
+    def _held(self, conn: Connection) -> set[Turn]:
+        """The turns this connection's transaction holds (a new transaction holds none)."""
+        tx = conn.get_transaction()
+        entry = conn.info.get(_TURNS_KEY)
+        if entry is None or entry[0] is not tx:
+            entry = conn.info[_TURNS_KEY] = (tx, set())
+        held: set[Turn] = entry[1]
+        return held
 
     def take_question_turns(self, conn: Connection, cache_keys: Iterable[str]) -> None:
         """Until commit, hold the turn of each question in `cache_keys` (`ledger.store.cache.resolve`):
@@ -222,7 +296,7 @@ class Dialect:
         return WalCheckpoints(engine) if self.name == "sqlite" else None
 
     def learn_transaction_id(self, conn: Connection) -> None:
-        """PostgreSQL: keep this transaction's id, as the claim lock's statement does, so that a lost
+        """PostgreSQL: keep this transaction's id, as the ledger's turn's statement does, so that a lost
         COMMIT can be resolved (`commit.transaction`). SQLite has no connection to lose."""
         if self.name == "postgresql":
             conn.info[XID_KEY] = conn.exec_driver_sql(f"SELECT {_XID}").scalar_one()
@@ -404,6 +478,14 @@ _QUESTION_TURNS = text(
     "INSERT INTO llm_question_turns (cache_key) SELECT k FROM unnest(CAST(:keys AS text[])) AS k ORDER BY k"
     " ON CONFLICT (cache_key) DO UPDATE SET cache_key = EXCLUDED.cache_key WHERE false"
 )
+_LEDGER_SHARED = text(f"SELECT pg_advisory_xact_lock_shared({CLAIM_LOCK}), {_XID}")
+_TURN = text(f"SELECT pg_advisory_xact_lock({TURN_LOCK})")
+_TRY_TURN = text(f"SELECT pg_try_advisory_xact_lock({TURN_LOCK})")
+
+
+def _turn_text(turn: Turn) -> str:
+    """A turn as the text its key hashes (after the table's oid): never the bare oid, the ledger's own."""
+    return f"/{turn[0]}/{turn[1]}"
 
 
 @dataclass(frozen=True)

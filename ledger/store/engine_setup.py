@@ -27,7 +27,7 @@ def configure_engine(
 
     `idle_in_transaction_s` (PostgreSQL; the daemon sets it): the server ends a session of
     ours that sits inside a transaction doing nothing for that long, e.g. a daemon frozen
-    while it holds the claim lock, so the other daemons carry on instead of waiting for
+    while it holds a turn (a pool's, the ledger's), so the other daemons carry on instead of waiting for
     the freeze to end (the server's own default is to wait forever). SQLite has no such
     bound: a writer frozen inside its transaction holds the file's only write lock, and
     the others wait for it (up to their busy timeout, then their lane's retries).

@@ -23,8 +23,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from ledger.statuses import FINAL_STATUSES, JobStatus, RequestStatus
 from ledger.store import pools as pool_state
+from ledger.store.budget import spent_today
 from ledger.store.cache import CachePolicy, Hit
-from ledger.store.claim import spent_today
 from ledger.store.commit import reading, transaction
 from ledger.store.dialect import Dialect, db_now, db_now_plus
 from ledger.store.queue import EnqueueResult

@@ -5,7 +5,7 @@ A group of outcomes is read here as the recorder writes it (`note_outcomes`, unl
 `quiet`); what it teaches holds back every daemon's next claim (`pools.PoolRoom`). The rules
 themselves are in `pools.py`'s docstring. Split from `pools.py`, which holds what a claim may
 start; this module holds what the answers write.
-Called only from `Store` methods, inside their transactions (the claim lock held).
+Called only from `Store` methods, inside their transactions (the pool's turn held: docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -39,13 +39,13 @@ Here: what a claim may start (`PoolRoom`, slow start included). What answers tea
 window, learned limits, cooldowns, probing back up): `pool_lessons.py`; windows learned from
 a 429: `pool_windows.py`; the RPM / TPM caps and their call log: `pool_rates.py`; a spent
 quota's pause: `pool_pauses.py`.
-Called only from `Store` methods, inside their transactions (the claim lock held).
+Called only from `Store` methods, inside their transactions (the pools' turns held).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import case, select, update
@@ -132,6 +132,9 @@ class PoolRoom:
     window: dict[str, tuple[int, int]]  # rated pool -> (calls, tokens) in the window
     allowed: dict[str, int]  # pool -> calls the provider's headers still allow in its window
     proven: Mapping[str, int] = field(default_factory=dict)  # pool -> slots just freed by answers
+    turns: frozenset[str] = frozenset()  # pools the claim may take from (their turn or slots held)
+    # Slotted pools (PostgreSQL, no turn): how many of its slots the claim locked, the most it takes.
+    slot_caps: dict[str, int] = field(default_factory=dict)
     taken: dict[str, int] = field(default_factory=dict)
     taken_tokens: dict[str, int] = field(default_factory=dict)
     estimates: dict[int, int] = field(default_factory=dict)  # request id -> tokens reserved
@@ -150,9 +153,11 @@ class PoolRoom:
         rules: PoolRules,
         proven: Mapping[str, int] | None = None,
         hold: Collection[str] = (),
+        turns: Collection[str] = (),
     ) -> PoolRoom:
         """`state_rows`: what `STATE` read. `hold`: pools with a 429 on its way to the ledger, whose
-        lesson is not written yet: this claim treats them as cooling down and opens nothing in them."""
+        lesson is not written yet: this claim treats them as cooling down and opens nothing in them.
+        `turns`: the pools this claim may take from (their turn held, or their own slots)."""
         state = read_state(conn, state_rows, pool_limit)
         window: dict[str, tuple[int, int]] = {}
         for seconds, rated in rules.by_window(rules.rated).items():
@@ -169,11 +174,8 @@ class PoolRoom:
             window,
             state.allowed,
             proven or {},
+            frozenset(turns),
         )
-
-    def fresh(self) -> PoolRoom:
-        """The same room with nothing taken yet (a claim that picks again from other candidates)."""
-        return replace(self, taken={}, taken_tokens={}, estimates={})
 
     def limit(self, endpoint: str) -> int:
         """The pool's slots: configured, lowered by what it learned, opened a few at a time in slow start."""
@@ -207,6 +209,8 @@ class PoolRoom:
         return sorted(full)
 
     def fits(self, endpoint: str, token_estimate: int | None) -> bool:
+        if self.taken.get(endpoint, 0) >= self.slot_caps.get(endpoint, self.taken.get(endpoint, 0) + 1):
+            return False
         used = self.in_flight.get(endpoint, 0) + self.taken.get(endpoint, 0)
         if used >= self.limit(endpoint) or self.taken.get(endpoint, 0) >= self.allowed.get(endpoint, used + 1):
             return False
@@ -261,7 +265,8 @@ class PoolState:
 
 def read_state(conn: Connection, rows: Iterable[Any], configured: Callable[[str], int]) -> PoolState:
     """Every pool's state from `STATE`'s rows; learned limits that grew back to the configured
-    limit are dropped."""
+    limit are dropped (rows another transaction is writing are left for a later claim: a claim
+    holding turns never waits for a pool's row)."""
     state = PoolState()
     recovered: list[str] = []
     for endpoint, is_cooling, limit, peak, allowed in rows:
@@ -275,6 +280,9 @@ def read_state(conn: Connection, rows: Iterable[Any], configured: Callable[[str]
                 recovered.append(endpoint)
             else:
                 state.learned[endpoint] = int(limit)
-    if recovered:
-        conn.execute(update(pools).where(pools.c.endpoint.in_(recovered)).values(learned_limit=None, successes=0))
+    if recovered:  # each row locked as found, skipping one another transaction writes: never waited for
+        locked = select(pools.c.endpoint).where(pools.c.endpoint.in_(recovered)).with_for_update(skip_locked=True)
+        conn.execute(
+            update(pools).where(pools.c.endpoint.in_(locked.scalar_subquery())).values(learned_limit=None, successes=0)
+        )
     return state

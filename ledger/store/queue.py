@@ -30,7 +30,7 @@ from ledger.store import pools as pool_state
 from ledger.store.cache import CachePolicy, Hit, Resolved, resolve
 from ledger.store.claim import QUEUED, RUNNING, START_ATTEMPT, ClaimQueries
 from ledger.store.commit import reading, transaction
-from ledger.store.dialect import db_now
+from ledger.store.dialect import POOL, db_now
 from ledger.store.lineage import link_sources
 from ledger.store.outcome_writes import OutcomeGroup, cancel_waiting
 from ledger.store.rows import (
@@ -205,9 +205,11 @@ class QueueQueries(ClaimQueries):
         no later than the slots really became free.
 
         With `claim_for` (a worker id) the slots freed here are claimed again in
-        the same transaction: one commit per round instead of two. The claim lock
-        is taken *first*, as by every multi-row writer: taken after the row locks,
-        it would deadlock with a claimer that holds it and waits for those rows.
+        the same transaction: one commit per round instead of two. The writer's turn
+        is taken *first* (shared: other daemons' group commits do not wait for it),
+        and the pools' turns before their rows are written (what answers teach): a
+        claimer holding a pool's turn never waits for a row a transaction waiting for
+        that turn holds (docs/architecture.md, "Claims without a ledger-wide lock").
         """
         group = OutcomeGroup(outcomes, self.dialect)
         # The claim's reads go with the group's writes when nothing else is written before the
@@ -216,21 +218,26 @@ class QueueQueries(ClaimQueries):
         quiet = pool_state.quiet(outcomes, self.pool_rules, self.windowed)
         if claim_for and quiet and not limits.get("reclaim", True) and not self.learning & group.endpoints:
             reads = self.claim_reads(claim_for, limits["lease_seconds"], group.freed)
+        if claim_for:
+            self.make_slots(limits["global_limit"])
+        alone = limits.get("daily_budget") is not None  # spend is one figure: the ledger's turn alone
         with transaction(self.engine, self.dialect) as conn:
-            # The lock, the group's updates, its twins and the claim's reads: one round trip on PostgreSQL.
+            # The turn, the group's updates, its twins and the claim's reads: one round trip on PostgreSQL.
             sent = (*group.updates, *group.twins, *(reads.statements if reads else ()))
-            ran = group.results(self.dialect.serialize_claimers(conn, *sent))
+            ran = group.results(self.dialect.writer_turn(conn, claim_for, *sent, alone=alone))
             if group.all_matched(ran):
                 written = [Written.APPLIED] * len(outcomes)
             else:
                 written = group.sort_out(conn)  # which may end rows `canceled`: read after it
                 reads = None
             group.write_derived(conn, written)
-            paused = [] if quiet else self._note_pools(conn, outcomes)
             # Answers per pool: they count towards probing a learned limit up, and they prove a
             # pool's peak in slow start (the slots they freed were busy until now).
             answered = group.answered(written)
             learning = {endpoint: n for endpoint, n in answered.items() if endpoint in self.learning}
+            if not quiet or learning:  # a pool's row is written under its turn only (waited for: none held yet)
+                self.dialect.take_turns(conn, [(POOL, endpoint) for endpoint in sorted(group.endpoints)])
+            paused = [] if quiet else self._note_pools(conn, outcomes)
             if learning:
                 pool_state.note_successes(conn, learning, self.pool_probe_seconds)
             if claim_for:
@@ -336,7 +343,7 @@ class QueueQueries(ClaimQueries):
             where.append(c.job_id == job_id)
         in_flight = c.status == RUNNING
         with transaction(self.engine, self.dialect) as conn:
-            self.dialect.serialize_claimers(conn)  # the lock order of every multi-row writer (docs)
+            self.dialect.serialize_claimers(conn)  # a writer of many rows: the ledger's turn alone (docs)
             ended = conn.execute(
                 update(requests)
                 .where(*where)

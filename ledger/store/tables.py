@@ -22,6 +22,7 @@ from ledger.models import (
     LlmQuestionTurn,
     LlmRequest,
     LlmRequestSource,
+    LlmSlot,
     LlmWorker,
     Opinion,
 )
@@ -43,3 +44,4 @@ pool_calls = table_of(LlmPoolCall)
 pool_overrides = table_of(LlmPoolOverride)
 workers = table_of(LlmWorker)
 question_turns = table_of(LlmQuestionTurn)
+slots = table_of(LlmSlot)

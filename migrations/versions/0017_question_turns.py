@@ -1,7 +1,7 @@
 """enqueues of the same question take turns on a row of their own, not one lock for every enqueue
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-11-28 14:20:00
 
 `llm_question_turns` holds one row per question (`cache_key`) the response cache has resolved on
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0016"
-down_revision: str | None = "0015"
+revision: str = "0017"
+down_revision: str | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
