@@ -196,22 +196,31 @@ class BrowseQueries:
     def requests_by_pool(self) -> dict[str, dict[str, Count]]:
         """Requests per pool and status, each (pool, status) counted up to `COUNT_CAP` (a finished
         status up to `FINAL_COUNT_CAP`) through the (status, endpoint) index. A status's pools are
-        found by seeking that index from one pool to the next, in the statement that counts the
-        pool before (a handful of index probes), never by reading its entries."""
+        found by seeking that index from one pool to the next (a handful of index probes), never by
+        reading its entries; every status moves on in the same statement, which also counts the
+        pool each has reached, so a view costs as many statements as the most pools a status has."""
         c = requests.c
         found: dict[str, dict[str, Count]] = {}
+        statuses = [status.value for status in RequestStatus]
         with reading(self.engine) as conn:
-            for status in RequestStatus:
-                cap = FINAL_COUNT_CAP if status in FINAL_STATUSES else COUNT_CAP
-                endpoint = conn.execute(select(func.min(c.endpoint)).where(c.status == status.value)).scalar()
-                seen = 0
-                while endpoint is not None and seen < MOST_POOLS:
-                    counted = _capped(cap, c.status == status.value, c.endpoint == endpoint)
-                    after = select(func.min(c.endpoint)).where(c.status == status.value, c.endpoint > endpoint)
-                    n, following = conn.execute(select(counted, after.scalar_subquery())).one()
-                    found.setdefault(str(endpoint), {})[status.value] = Count(min(n, cap), capped=n > cap)
-                    seen += 1
-                    endpoint = following
+            first = conn.execute(select(*[_next_pool(status) for status in statuses])).one()
+            reached = {status: endpoint for status, endpoint in zip(statuses, first, strict=True) if endpoint}
+            for _ in range(MOST_POOLS):
+                if not reached:
+                    break
+                columns = []
+                for status, endpoint in reached.items():
+                    cap = FINAL_COUNT_CAP if status in FINAL_STATUSES else COUNT_CAP
+                    columns += [_capped(cap, c.status == status, c.endpoint == endpoint), _next_pool(status, endpoint)]
+                row = conn.execute(select(*columns)).one()
+                following = {}
+                for k, (status, endpoint) in enumerate(reached.items()):
+                    n, after = row[2 * k], row[2 * k + 1]
+                    cap = FINAL_COUNT_CAP if status in FINAL_STATUSES else COUNT_CAP
+                    found.setdefault(str(endpoint), {})[status] = Count(min(n, cap), capped=n > cap)
+                    if after is not None:
+                        following[status] = after
+                reached = following
         return {pool: found[pool] for pool in sorted(found)}
 
     def pool_views(self, by_pool: dict[str, dict[str, Count]] | None = None) -> list[PoolView]:
@@ -524,6 +533,13 @@ def _read_window_use(conn: Connection, found: dict[str, PoolView]) -> None:
         if str(endpoint) in found:
             found[str(endpoint)].window_calls = int(calls)
             found[str(endpoint)].window_tokens = int(tokens)
+
+
+def _next_pool(status: str, after: str | None = None) -> Any:
+    """The first pool of `status` (after `after`) in the (status, endpoint) index, as a scalar subquery."""
+    c = requests.c
+    query = select(func.min(c.endpoint)).where(c.status == status)
+    return (query if after is None else query.where(c.endpoint > after)).scalar_subquery()
 
 
 def _capped(cap: int, *where: ColumnElement[bool]) -> Any:
