@@ -204,7 +204,7 @@ class BrowseQueries:
         statuses = [status.value for status in RequestStatus]
         with reading(self.engine) as conn:
             first = conn.execute(select(*[_next_pool(status) for status in statuses])).one()
-            reached = {status: endpoint for status, endpoint in zip(statuses, first, strict=True) if endpoint}
+            reached = {s: e for s, e in zip(statuses, first, strict=True) if e is not None}
             for _ in range(MOST_POOLS):
                 if not reached:
                     break
