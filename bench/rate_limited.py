@@ -131,9 +131,11 @@ def proxy_like(n: int, rpm: int, window: float, latency: float) -> int:
             t0 = time.perf_counter()
             anyio.run(lambda: run_daemon(settings, until_idle=True))
             wall = time.perf_counter() - t0
-            by_pool = ledger.store.requests_by_pool()
+            counted = ledger.store.ledger_counts().requests  # exact (the web view's counts stop at a cap)
         stats = mock.stats()
-    by_model = {pool.rsplit("/", 1)[-1]: {s: c.n for s, c in counts.items()} for pool, counts in by_pool.items()}
+    by_model: dict[str, dict[str, int]] = {}
+    for (pool, status), count in counted.items():
+        by_model.setdefault(pool.rsplit("/", 1)[-1], {})[status] = count
     bound = (math.ceil(n / rpm) - 1) * window + latency
     refused = stats["status_counts"].get("429", 0)
     limited, unlimited = by_model.get("limited", {}), by_model.get("free", {})

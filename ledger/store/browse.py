@@ -10,7 +10,9 @@ Every query here answers from an index or a bounded slice of one, never from a w
   rows the walk reaches (kept off the planner's index choice with `unindexed`: an index on status
   would hand the planner a million completed rows to sort).
 - Counts that could reach the whole table (requests by status and pool) count at most `COUNT_CAP`
-  rows each and say so (`Count.capped`).
+  rows each (a finished status `FINAL_COUNT_CAP`) and say so (`Count.capped`). Each row counted
+  may be a read of its table row: PostgreSQL answers from the index alone only for pages its
+  last VACUUM marked all-visible, and a ledger's changing rows (or one never vacuumed) are not.
 - Spend over time is summed an hour at a time (`spend_between`, a range of the completion index);
   the web view keeps each hour that has ended (`ledger.web.spend`), so a page sums the current
   hour only. An hour holding more than `SPEND_ROWS` completions is summed up to there and says so.
@@ -28,7 +30,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from ledger.models import Job, LlmAttempt, LlmBatch, LlmPool, LlmPoolCall, LlmWorker, Opinion
-from ledger.statuses import RequestStatus
+from ledger.statuses import FINAL_STATUSES, RequestStatus
 from ledger.store.commit import reading
 from ledger.store.dialect import Dialect, as_utc, db_now, db_now_plus, seconds_between, unindexed
 from ledger.store.jobs import progress_columns, progress_of
@@ -45,8 +47,11 @@ workers = LlmWorker.__table__  # type: ignore[attr-defined]
 # Ids a request page examines at most (in slices growing from FIRST_SLICE) before it ends early.
 SCAN_ROWS = 120_000
 FIRST_SLICE = 5_000
-# Rows a count reads at most; beyond it the page says "N+".
-COUNT_CAP = 100_000
+# Rows a count of waiting or running requests reads at most; beyond it the page says "N+".
+COUNT_CAP = 10_000
+# The same for a finished status (completed, error, canceled): the rows that grow with the ledger,
+# scattered over it (an error every few pages), each a page read where not all-visible.
+FINAL_COUNT_CAP = 1_000
 # A job's newest requests its summary reads at most (a larger job's page says so).
 JOB_ROWS = 50_000
 # Completed requests one hour's spend sums at most.
@@ -85,7 +90,7 @@ TOO_MANY = 429
 
 @dataclass(frozen=True)
 class Count:
-    """A count that stops at `COUNT_CAP`: `capped` says the true number is larger."""
+    """A count that stops at a cap: `capped` says the true number is larger."""
 
     n: int
     capped: bool = False
@@ -189,21 +194,33 @@ class BrowseQueries:
     # -- overview ------------------------------------------------------------
 
     def requests_by_pool(self) -> dict[str, dict[str, Count]]:
-        """Requests per pool and status, each (pool, status) counted up to `COUNT_CAP` through the
-        (status, endpoint) index. A status's pools are found by seeking that index from one pool to
-        the next (a handful of index probes), never by reading its entries."""
+        """Requests per pool and status, each (pool, status) counted up to `COUNT_CAP` (a finished
+        status up to `FINAL_COUNT_CAP`) through the (status, endpoint) index. A status's pools are
+        found by seeking that index from one pool to the next (a handful of index probes), never by
+        reading its entries; every status moves on in the same statement, which also counts the
+        pool each has reached, so a view costs as many statements as the most pools a status has."""
         c = requests.c
         found: dict[str, dict[str, Count]] = {}
+        statuses = [status.value for status in RequestStatus]
         with reading(self.engine) as conn:
-            for status in RequestStatus:
-                endpoint = conn.execute(select(func.min(c.endpoint)).where(c.status == status.value)).scalar()
-                seen = 0
-                while endpoint is not None and seen < MOST_POOLS:
-                    where = (c.status == status.value, c.endpoint == endpoint)
-                    found.setdefault(str(endpoint), {})[status.value] = _capped_count(conn, *where)
-                    seen += 1
-                    after = select(func.min(c.endpoint)).where(c.status == status.value, c.endpoint > endpoint)
-                    endpoint = conn.execute(after).scalar()
+            first = conn.execute(select(*[_next_pool(status) for status in statuses])).one()
+            reached = {s: e for s, e in zip(statuses, first, strict=True) if e is not None}
+            for _ in range(MOST_POOLS):
+                if not reached:
+                    break
+                columns = []
+                for status, endpoint in reached.items():
+                    cap = FINAL_COUNT_CAP if status in FINAL_STATUSES else COUNT_CAP
+                    columns += [_capped(cap, c.status == status, c.endpoint == endpoint), _next_pool(status, endpoint)]
+                row = conn.execute(select(*columns)).one()
+                following = {}
+                for k, (status, endpoint) in enumerate(reached.items()):
+                    n, after = row[2 * k], row[2 * k + 1]
+                    cap = FINAL_COUNT_CAP if status in FINAL_STATUSES else COUNT_CAP
+                    found.setdefault(str(endpoint), {})[status] = Count(min(n, cap), capped=n > cap)
+                    if after is not None:
+                        following[status] = after
+                reached = following
         return {pool: found[pool] for pool in sorted(found)}
 
     def pool_views(self, by_pool: dict[str, dict[str, Count]] | None = None) -> list[PoolView]:
@@ -492,11 +509,11 @@ def _read_window_use(conn: Connection, found: dict[str, PoolView]) -> None:
     # and a comparison with it cannot search an index (it would read every completion).
     a, c = attempts.c, requests.c
     since = as_utc(conn.execute(select(db_now_plus(-RATE_WINDOW_S))).scalar_one())
-    top = conn.execute(select(func.max(a.id))).scalar() or 0
-    started = conn.execute(
-        select(a.request_id).where(a.id > top - RECENT_ATTEMPTS, a.started_at > since)
-    ).scalars()  # a range of the primary key, then its rows' start
-    ids = list(started)
+    # The newest attempts by the primary key, walked backwards with a LIMIT: the one plan there is
+    # for this shape. (`id > max - N` was a range the planner sized from statistics: without
+    # them it guessed a third of the table and read every attempt.)
+    newest = select(a.request_id, a.started_at).order_by(a.id.desc()).limit(RECENT_ATTEMPTS).subquery()
+    ids = list(conn.execute(select(newest.c.request_id).where(newest.c.started_at > since)).scalars())
     for chunk in range(0, len(ids), 1000):
         per_pool = select(c.endpoint, func.count()).where(c.id.in_(ids[chunk : chunk + 1000]))
         for endpoint, calls in conn.execute(per_pool.group_by(c.endpoint)):
@@ -518,10 +535,17 @@ def _read_window_use(conn: Connection, found: dict[str, PoolView]) -> None:
             found[str(endpoint)].window_tokens = int(tokens)
 
 
-def _capped_count(conn: Connection, *where: ColumnElement[bool]) -> Count:
-    inner = select(literal(1).label("one")).where(*where).limit(COUNT_CAP + 1).subquery()
-    n = int(conn.execute(select(func.count()).select_from(inner)).scalar_one())
-    return Count(min(n, COUNT_CAP), capped=n > COUNT_CAP)
+def _next_pool(status: str, after: str | None = None) -> Any:
+    """The first pool of `status` (after `after`) in the (status, endpoint) index, as a scalar subquery."""
+    c = requests.c
+    query = select(func.min(c.endpoint)).where(c.status == status)
+    return (query if after is None else query.where(c.endpoint > after)).scalar_subquery()
+
+
+def _capped(cap: int, *where: ColumnElement[bool]) -> Any:
+    """The count of rows matching `where`, up to `cap` + 1 (more than `cap`: capped), as a scalar subquery."""
+    inner = select(literal(1).label("one")).where(*where).limit(cap + 1).subquery()
+    return select(func.count()).select_from(inner).scalar_subquery()
 
 
 def _top_id(conn: Connection) -> int | None:

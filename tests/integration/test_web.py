@@ -325,6 +325,74 @@ def test_the_overview_counts_requests_by_pool_and_status(
     assert queued.strip().endswith("+")
 
 
+def test_a_finished_status_is_counted_up_to_its_own_cap_and_the_waiting_ones_stay_exact(
+    client: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exact = store.ledger_counts().requests
+    monkeypatch.setattr(browse_module, "FINAL_COUNT_CAP", 1)
+    by_pool = store.requests_by_pool()
+    for (pool, status), n in exact.items():
+        finished = status in ("completed", "error", "canceled")
+        expected = browse_module.Count(min(n, 1), capped=n > 1) if finished else browse_module.Count(n)
+        assert by_pool[pool][status] == expected, (pool, status)
+    shown = {
+        a["data-status"]: text.strip() for a, text in Page(client.get("/").text).find("td", **{"data-status": "*"})
+    }
+    assert shown["completed"].endswith("+")
+    assert shown["queued"] == f"{sum(n for (_, s), n in exact.items() if s == 'queued'):,}"
+
+
+def test_the_overview_counts_each_pools_calls_and_tokens_in_the_rate_window(db_url: str) -> None:
+    """Calls started in the last minute (the newest attempts) and tokens of answers that came in it,
+    per pool; older ones are not in the window."""
+    from datetime import timedelta
+
+    from sqlalchemy import insert
+
+    from ledger.models import LlmAttempt
+    from ledger.store.tables import requests
+
+    store = Store(db_url)
+    try:
+        store.enqueue(
+            [
+                to_row(build_spec(model=m, provider="mock", idempotency_key=f"w-{m}-{i}", messages=MSG))
+                for m in ("m1", "m2")
+                for i in range(3)
+            ]
+        )
+        rows = {r["idempotency_key"]: r for r in store.request_page(browse_module.RequestFilter()).rows}
+        now = store.db_clock()
+        recent, old = now - timedelta(seconds=5), now - timedelta(seconds=300)
+        started = {"w-m1-0": recent, "w-m1-1": recent, "w-m1-2": old, "w-m2-0": old}
+        with store.engine.begin() as conn:
+            conn.execute(
+                insert(LlmAttempt.__table__),  # type: ignore[attr-defined]
+                [
+                    {
+                        "request_id": rows[key]["id"],
+                        "attempt": 1,
+                        "worker": "w",
+                        "outcome": "succeeded",
+                        "started_at": at,
+                    }
+                    for key, at in started.items()
+                ],
+            )
+            for key, at, tokens in (("w-m1-0", recent, 7), ("w-m2-0", old, 100)):
+                conn.execute(
+                    update(requests)
+                    .where(requests.c.id == rows[key]["id"])
+                    .values(status="completed", completed_at=at, input_tokens=tokens, output_tokens=1)
+                )
+        views = {v.endpoint: v for v in store.pool_views()}
+        m1, m2 = rows["w-m1-0"]["endpoint"], rows["w-m2-0"]["endpoint"]
+        assert (views[m1].window_calls, views[m1].window_tokens) == (2, 8)
+        assert (views[m2].window_calls, views[m2].window_tokens) == (0, 0)
+    finally:
+        store.close()
+
+
 def test_secret_looking_keys_are_hidden_and_token_counts_are_not() -> None:
     from ledger.web.formats import pretty
 
