@@ -199,15 +199,13 @@ def test_an_enqueue_that_waited_for_the_caches_lock_sees_what_its_holder_committ
 
 
 def test_enqueues_of_different_questions_do_not_wait_for_each_other(
-    db_url: str, mock: RunningMockProvider, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, mock: RunningMockProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On PostgreSQL an enqueue held while it holds its questions' turns (after reading their
     rows, before committing) stops no enqueue of other questions: that one commits meanwhile. An
     enqueue of one of the held questions still waits for it, and the promise holds: one call per
     question. SQLite has one writer at a time whatever the questions: nothing to show there."""
-    if not db_url.startswith("postgresql"):
-        pytest.skip("SQLite's writers take turns on the whole file")
-    settings = batch_settings(db_url, mock, LEDGER_LEASE_SECONDS=2)
+    settings = batch_settings(pg_url, mock, LEDGER_LEASE_SECONDS=2)
     holder = HeldEnqueue(monkeypatch, "read", lambda: enqueue(settings, [question(0, "held:0")]))
     other = [question(i, f"other:{i}") for i in range(1, QUESTIONS)]
     others = threading.Thread(target=enqueue, args=(settings, other))
