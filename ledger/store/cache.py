@@ -118,6 +118,11 @@ _HIT = (
     .where(HITS.match(_r.id), _src.c.id == HITS.c.src, unindexed(_r.status) == QUEUED)
     .values(**_copied_from(_src.c))
 )
+# Hits copied per statement. PostgreSQL looks each hit up by its id and by the set's array of ids
+# (`bound_rows.match`), and prepares that array again for every lookup, so a statement's cost
+# grows with the square of its hits: 5,000 in one statement took 1.4 s of an enqueue chunk's
+# 1.7 (EXPLAIN ANALYZE); in statements of 500, 100,000 hits were enqueued in 13 s, not 42.
+HITS_PER_STATEMENT = 500
 _WAIT_FOR = update(requests).where(_r.id == bindparam("b_id")).values(twin_of=bindparam("b_original"))
 
 
@@ -197,7 +202,8 @@ def resolve(
     original = ours | stranded | theirs
     if source:
         rows = [{"id": i, "src": s} for i, s in sorted(source.items())]
-        dialect.execute(conn, _HIT, HITS.bind(rows))
+        for at in range(0, len(rows), HITS_PER_STATEMENT):
+            dialect.execute(conn, _HIT, HITS.bind(rows[at : at + HITS_PER_STATEMENT]))
     waiting = {i: o for i, o in original.items() if i not in source}
     if waiting:
         conn.execute(_WAIT_FOR, [{"b_id": i, "b_original": o} for i, o in sorted(waiting.items())])
