@@ -26,7 +26,7 @@ from ledger.prices import PriceTable, input_bytes, most_tokens
 from ledger.record import DbLane, Recorder
 from ledger.retry import RetryPolicy
 from ledger.store import Store
-from ledger.store.claim import Held
+from ledger.store.lease_ends import Held
 from ledger.store.rows import (
     AttemptFailure,
     ClaimedRequest,

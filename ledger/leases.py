@@ -24,8 +24,8 @@ from ledger.metrics import NO_METRICS, Metrics
 from ledger.record import DbLane
 from ledger.settings import Settings
 from ledger.store import Store
-from ledger.store.claim import Held
 from ledger.store.errors import DatabaseUnavailable
+from ledger.store.lease_ends import Held
 from ledger.store.schema import one_line
 
 LOG = logging.getLogger("ledger.leases")

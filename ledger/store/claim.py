@@ -25,22 +25,18 @@ from sqlalchemy import (
     BigInteger,
     Select,
     String,
-    and_,
     bindparam,
-    case,
     column,
     func,
     insert,
     literal,
-    or_,
     select,
-    tuple_,
     union_all,
     update,
 )
 from sqlalchemy.engine import Connection, Engine
 
-from ledger.statuses import AttemptOutcome, Delivery, RequestStatus
+from ledger.statuses import AttemptOutcome, Delivery
 from ledger.store import pools as pool_state
 from ledger.store import slots as slot_sql
 from ledger.store.budget import Budget
@@ -53,18 +49,16 @@ from ledger.store.dialect import (
     Ran,
     db_now,
     db_now_plus,
-    read_json_column,
     unindexed,
 )
+from ledger.store.lease_ends import CLAIMED_COLUMNS, Held, LeaseQueries, extend_leases, reclaim_expired, to_claimed
+from ledger.store.lease_ends import QUEUED as QUEUED
+from ledger.store.lease_ends import RUNNING as RUNNING
 from ledger.store.pool_overrides import READ_OVERRIDES, overrides_from
 from ledger.store.row_sets import bound_rows
 from ledger.store.rows import NOTHING_RELEASED, Claim, ClaimedRequest, ReleasedRows
 from ledger.store.tables import attempts, requests, workers
 
-RUNNING = RequestStatus.RUNNING.value
-QUEUED = RequestStatus.QUEUED.value
-CANCELED = RequestStatus.CANCELED.value
-ERROR = RequestStatus.ERROR.value
 # How many candidates to read per free slot: some may belong to pools that fill up.
 _CANDIDATES_PER_SLOT = 4
 # Candidates a group commit reads ahead beyond the slots its group frees. Four per slot, as
@@ -72,49 +66,7 @@ _CANDIDATES_PER_SLOT = 4
 # the lane's time on SQLite): one pool is the usual case, and a claim whose read
 # ahead fell short (a full pool's rows crowding the others) reads again (`claim_in`).
 _READ_AHEAD_SPARE = 8
-# A lease a worker holds, as it knows it: (request id, lease token).
-Held = tuple[int, int]
-
 _c = requests.c
-CLAIMED_COLUMNS = (
-    _c.id,
-    _c.lease_token,
-    _c.attempts,
-    _c.idempotency_key,
-    _c.job_id,
-    _c.provider,
-    _c.model,
-    _c.endpoint,
-    _c.input,
-    _c.params,
-    _c.response_format,
-    _c.trace,
-    _c.api,
-    _c.parse,
-    _c.parked,
-)
-
-
-def to_claimed(row: Any) -> ClaimedRequest:
-    return ClaimedRequest(
-        id=row.id,
-        token=row.lease_token,
-        attempt=row.attempts,
-        idempotency_key=row.idempotency_key,
-        job_id=row.job_id,
-        provider=row.provider,
-        model=row.model,
-        endpoint=row.endpoint,
-        input=read_json_column(row.input),
-        params=read_json_column(row.params) or {},
-        response_format=read_json_column(row.response_format),
-        stored_trace=row.trace,
-        api=row.api,
-        parse=row.parse,
-        parked=row.parked,
-    )
-
-
 # Pseudo pool keys for the claim's bookkeeping rows; real keys always contain ':'.
 _LIVE_WORKERS, _MINE = "@workers", "@mine"
 # One round trip for the counts a claim needs: slots in use per pool, live daemons, and
@@ -176,12 +128,8 @@ _START_TAKEN = insert(attempts).from_select(
     ["request_id", "attempt", "worker", "outcome", "started_at"],
     select(_c.id, _c.attempts, bindparam("b_worker"), literal(RUNNING_ATTEMPT), db_now()).where(_c.id == _TAKEN.c.id),
 )
-_ACTIVE = select(func.count()).select_from(requests).where(_c.status == RUNNING)
 # `_TAKE_AND_START` with the slots its rows take (PostgreSQL: `slots.py`).
 _TAKE_START_AND_HOLD = _TAKE_AND_START.add_cte(slot_sql.hold(_taken))
-# Expired leases, each locked as it is found; one another transaction holds (its owner writing its
-# outcome late, another claimer reclaiming it) is left to that transaction: a reclaim never waits.
-_EXPIRED = select(_c.id).where(_c.status == RUNNING, _c.lease_expires_at < db_now())
 
 
 @dataclass(frozen=True)
@@ -233,6 +181,29 @@ class _Counts:
         return cls(in_flight, total, min(global_limit - total, max_claims, share - state[_MINE]))
 
 
+@dataclass(frozen=True)
+class _Picked:
+    """What a claim picked: request ids in claim order, the slots locked for them (PostgreSQL),
+    and the candidates they came from (each one's pool, for its slots)."""
+
+    ids: list[int]
+    grabbed: slot_sql.Grabbed | None
+    candidates: list[Any]
+
+
+def _reclaim(
+    conn: Connection, dialect: Dialect, worker: str, lease_seconds: float, held: Collection[Held], max_attempts: int
+) -> list[ClaimedRequest]:
+    """What a claim does first: renew the leases its worker is still working on (a live claimer
+    never reclaims those, however late its renewal: a database outage longer than the lease),
+    end the expired ones, and settle twins whose original ended unseen by the writes that end
+    originals. Returns the rows whose leases it ended."""
+    extend_leases(conn, worker, lease_seconds, held)
+    reclaimed = reclaim_expired(conn, dialect, max_attempts)
+    sweep_twins(conn)
+    return reclaimed
+
+
 def _closed(room: pool_state.PoolRoom, candidates: list[Any]) -> set[str]:
     """The pools of `candidates` that `room` leaves no call to: full, cooling, their window spent."""
     ends = {r.endpoint for r in candidates}
@@ -244,7 +215,7 @@ def _candidates_for(slots: int) -> int:
     return max(slots, 1) * _CANDIDATES_PER_SLOT
 
 
-class ClaimQueries:
+class ClaimQueries(LeaseQueries):
     """Mixed into `Store`; needs `engine` and `dialect`."""
 
     engine: Engine
@@ -335,13 +306,7 @@ class ClaimQueries:
         What was read before the pools' turns is a view only: it names the pools to take turns
         for. Their running rows, state and windows are read again once their turns are held
         (`_claim_pools`), and only those counts decide; the global limit is the slots taken."""
-        if reclaim:
-            # A live claimer never reclaims what it is still working on, however late its
-            # renewal (a database outage longer than the lease): it renews those first.
-            _extend(conn, worker, lease_seconds, held)
-        reclaimed_rows = self._reclaim_expired(conn, max_attempts) if reclaim else []
-        if reclaim:  # and twins whose original ended unseen by the writes that end originals
-            sweep_twins(conn)
+        reclaimed_rows = _reclaim(conn, self.dialect, worker, lease_seconds, held, max_attempts) if reclaim else []
         reclaim_ts = time.time()
         counts, state_rows, override_rows = (
             self.dialect.run_all(conn, self._state_reads(worker, lease_seconds)) if read is None else read.found[:3]
@@ -357,6 +322,21 @@ class ClaimQueries:
             pool_limit, rules = changed.applied(pool_limit, rules, global_limit)
         limits = _Limits(worker, lease_seconds, global_limit, max_claims, pool_limit, rules, proven, hold, daily_budget)
         view = pool_state.PoolRoom.read(conn, state_rows, seen.in_flight, pool_limit, global_limit, rules, proven, hold)
+        seen, room, picked = self._pick_in_pools(conn, limits, seen, view, read)
+        self.learning, self.windowed = set(room.learned), set(room.allowed)
+        if not picked.ids:
+            return Claim([], seen.total, reclaimed)
+        leased_at = time.monotonic()
+        claimed = self._take(conn, limits, picked)
+        ramping = room.started(conn, self.dialect, claimed)
+        return Claim(claimed, seen.total + len(claimed), reclaimed, leased_at, ramping)
+
+    def _pick_in_pools(
+        self, conn: Connection, limits: _Limits, seen: _Counts, view: pool_state.PoolRoom, read: ClaimReads | None
+    ) -> tuple[_Counts, pool_state.PoolRoom, _Picked]:
+        """Candidates read (those `read` found, else read now), their pools locked and counted
+        (`_claim_pools`), and the rows those allow picked; read once more, past the pools that
+        had no room, when too few were picked from a full read."""
         candidates = read.found[3].rows if read is not None else None
         asked = read.candidates_asked if read is not None else 0
         full, room = view.full, view
@@ -366,33 +346,35 @@ class ClaimQueries:
                 (found,) = self.dialect.run_all(conn, [self._candidate_read(full, asked)])
                 candidates = found.rows
             closed = _closed(room, candidates)  # no turn taken for a pool with no room left
-            seen, room, picked, grabbed = self._claim_pools(conn, limits, candidates, closed, seen.free, room)
-            if len(picked) >= seen.free or len(candidates) < asked or last:
+            seen, room, ids, grabbed = self._claim_pools(conn, limits, candidates, closed, seen.free, room)
+            if len(ids) >= seen.free or len(candidates) < asked or last:
                 break
             # Too few: more rows were due, and a full pool's (or the budget's, or a pool whose
             # turn another claim held) may have crowded the others out. Read again, past those.
             full, candidates = sorted(_closed(room, candidates) | {r.endpoint for r in candidates} - room.turns), None
-        self.learning, self.windowed = set(room.learned), set(room.allowed)
-        if not picked:
-            return Claim([], seen.total, reclaimed)
-        params = {**_PICKED.bind({"id": i} for i in picked), "b_worker": worker, "b_lease": lease_seconds}
+        return seen, room, _Picked(ids, grabbed, candidates or [])
+
+    def _take(self, conn: Connection, limits: _Limits, picked: _Picked) -> list[ClaimedRequest]:
+        """Start the picked rows under the worker's lease, each with its attempt row (and, on
+        PostgreSQL, the slots locked for it), in the order they were picked."""
+        params = {
+            **_PICKED.bind({"id": i} for i in picked.ids),
+            "b_worker": limits.worker,
+            "b_lease": limits.lease_seconds,
+        }
         together = _TAKE_AND_START
-        if grabbed is not None:  # each row taken holds slots locked for it
+        if picked.grabbed is not None:  # each row taken holds slots locked for it
             together = _TAKE_START_AND_HOLD
-            endpoint_of = {row.id: row.endpoint for row in candidates or ()}
-            params |= slot_sql.HOLD.bind(grabbed.pairs([(i, endpoint_of[i]) for i in picked]))
-        leased_at = time.monotonic()
+            endpoint_of = {row.id: row.endpoint for row in picked.candidates}
+            params |= slot_sql.HOLD.bind(picked.grabbed.pairs([(i, endpoint_of[i]) for i in picked.ids]))
         took = self.dialect.update_then_insert(
             conn,
             together,
             (_TAKE, params),
-            lambda rows: (_START_TAKEN, {**_TAKEN.bind({"id": r.id} for r in rows), "b_worker": worker}),
+            lambda rows: (_START_TAKEN, {**_TAKEN.bind({"id": r.id} for r in rows), "b_worker": limits.worker}),
         )
-        claimed = [to_claimed(r) for r in took]
-        order = {request_id: i for i, request_id in enumerate(picked)}
-        ramping = room.started(conn, self.dialect, claimed)
-        total = seen.total + len(claimed)
-        return Claim(sorted(claimed, key=lambda r: order[r.id]), total, reclaimed, leased_at, ramping)
+        order = {request_id: i for i, request_id in enumerate(picked.ids)}
+        return sorted((to_claimed(r) for r in took), key=lambda r: order[r.id])
 
     def _claim_pools(
         self,
@@ -489,121 +471,3 @@ class ClaimQueries:
             return {name for _, name in turns}
 
         return take
-
-    def _reclaim_expired(self, conn: Connection, max_attempts: int) -> list[ClaimedRequest]:
-        """End the leases of dead workers: back to the queue, or canceled / spent (see `_end_leases`).
-        Each row locked as found, skipping one another transaction holds: a reclaim never waits."""
-        return _end_leases(
-            conn,
-            and_(_c.id.in_(self.dialect.for_update(_EXPIRED).scalar_subquery()), _c.status == RUNNING),
-            LeaseEnd("lease_expired", "lease expired: the worker stopped renewing it", max_attempts),
-        )
-
-    def _active(self, conn: Connection) -> int:
-        return int(conn.execute(_ACTIVE).scalar_one())
-
-    # -- leases ----------------------------------------------------------------
-
-    def retire_worker(self, worker: str) -> None:
-        """A daemon that stops cleanly leaves the registry, so the others' shares grow at once."""
-        with transaction(self.engine, self.dialect, rerunnable=True) as conn:
-            conn.execute(workers.delete().where(workers.c.worker_id == worker))
-
-    def renew_leases(
-        self, worker: str, lease_seconds: float, held: Collection[Held] = (), *, wait_at_most: float | None = None
-    ) -> list[Held]:
-        """Heartbeat (for fair shares) and extend the leases of the requests this worker is working on.
-
-        Only `held` (request id, lease token), never "every row with my name": a row
-        the worker holds in the database without knowing it (a previous process
-        under the same worker id) must expire and be reclaimed, not be kept alive
-        forever with nobody calling it; and a row claimed again since (a new
-        token) is renewed by the executor working on that claim, not by this one.
-        `wait_at_most` bounds the database's waits (locks, statements): a renewal
-        given up on by the caller must not land later and revive leases let go.
-        Returns the leases renewed: one held but not returned is no longer ours.
-        """
-        with transaction(self.engine, self.dialect) as conn:
-            if wait_at_most is not None:
-                self.dialect.bound_waits(conn, wait_at_most)
-            self.dialect.writer_turn(conn, worker)  # ordered with this daemon's records and claims
-            conn.execute(self.dialect.upsert(workers, ["worker_id"], {"worker_id": worker}, {"heartbeat_at": db_now()}))
-            return _extend(conn, worker, lease_seconds, held)
-
-    def release_worker(self, worker: str, max_attempts: int, why: str | None = None) -> ReleasedRows:
-        """Give back every slot held under `worker`: a stopping daemon's cut-off calls, or at start,
-        what a previous process with the same worker id left behind (see `_end_leases`)."""
-        with transaction(self.engine, self.dialect) as conn:
-            self.dialect.writer_turn(conn, worker)  # ordered with this daemon's records and claims
-            rows = _end_leases(
-                conn,
-                and_(_c.lease_owner == worker, _c.status == RUNNING),
-                LeaseEnd("worker_stopped", why or "worker stopped before the call finished", max_attempts),
-            )
-            active = self._active(conn)
-            ts = time.time()
-        return ReleasedRows(rows, active, ts)
-
-
-@dataclass(frozen=True)
-class LeaseEnd:
-    """Why leases are being ended without an outcome, for the rows and attempts it touches."""
-
-    spent_code: str  # error_code of a request that has no attempt left
-    why_lost: str  # error_message of the cut-off attempt
-    max_attempts: int
-
-
-def _extend(conn: Connection, worker: str, lease_seconds: float, held: Collection[Held]) -> list[Held]:
-    if not held:
-        return []
-    rows = conn.execute(
-        update(requests)
-        .where(tuple_(_c.id, _c.lease_token).in_(list(held)), _c.lease_owner == worker, _c.status == RUNNING)
-        .values(lease_expires_at=db_now_plus(lease_seconds))
-        .returning(_c.id, _c.lease_token)
-    )
-    return sorted((int(r.id), int(r.lease_token)) for r in rows)
-
-
-def _end_leases(conn: Connection, which: Any, end: LeaseEnd) -> list[ClaimedRequest]:
-    """End the leases of claimed rows whose call has no outcome (worker dead, stopped or restarted).
-
-    Each row ends one way, decided in the one UPDATE: `canceled` if a cancel was
-    waiting for its call, `error` if the cut-off call was its last attempt
-    (RETRY_MAX_ATTEMPTS bounds paid calls however often a worker dies), otherwise
-    back to `queued`. The open attempt becomes `lost` (it may have been paid for);
-    the attempt counter keeps it, so the next claim continues with the next number.
-    """
-    canceled = _c.cancel_requested_at.is_not(None)
-    spent = _c.attempts - _c.parked >= end.max_attempts  # calls refused for a spent quota do not count
-    ending = case((canceled, CANCELED), (spent, ERROR), else_=QUEUED)
-    rows = conn.execute(
-        update(requests)
-        .where(which)
-        .values(
-            status=ending,
-            lease_owner=None,
-            lease_expires_at=None,
-            error_code=case((canceled, "canceled"), (spent, end.spent_code), else_=_c.error_code),
-            error_message=case(
-                (canceled, "canceled while a call was in flight; the call never reported back"),
-                (spent, f"{end.why_lost}, during the last of {end.max_attempts} attempts"),
-                else_=_c.error_message,
-            ),
-            completed_at=case((or_(canceled, spent), db_now()), else_=_c.completed_at),
-            reserved_usd=None,
-            updated_at=db_now(),
-        )
-        .returning(*CLAIMED_COLUMNS)
-    ).all()
-    if rows:
-        conn.execute(
-            update(attempts)
-            .where(
-                attempts.c.request_id.in_([r.id for r in rows]),
-                attempts.c.outcome == AttemptOutcome.RUNNING.value,
-            )
-            .values(outcome=AttemptOutcome.LOST.value, finished_at=db_now(), error_message=end.why_lost)
-        )
-    return [to_claimed(r) for r in rows]

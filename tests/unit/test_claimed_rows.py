@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ledger.events import request_labels
-from ledger.store.claim import CLAIMED_COLUMNS, to_claimed
+from ledger.store.lease_ends import CLAIMED_COLUMNS, to_claimed
 
 Row = namedtuple("Row", [c.name for c in CLAIMED_COLUMNS])  # type: ignore[misc]
 MESSAGES = {"messages": [{"role": "user", "content": "Evaluate item 7."}]}
