@@ -85,6 +85,10 @@ def enqueue_specs(
 class Intake:
     """One enqueue (see the module's docstring)."""
 
+    # Rows per chunk and the share of time spent writing them: `_pace`, before each chunk.
+    rows_per_chunk: int
+    duty: float
+
     def __init__(
         self, store: Store, settings: Settings, positions: Positions, *, pause: Callable[[float], None] = time.sleep
     ) -> None:
@@ -92,7 +96,6 @@ class Intake:
         self.settings = settings
         self.positions = positions
         self.prices = settings.prices
-        self.rows_per_chunk, self.duty = store.dialect.enqueue_pacing()  # set again before writing
         self.pause = pause
         self.columns = CHUNK_ROW_COLUMNS[1:]  # fair_seq is numbered when written
         self.maker = EntryMaker(

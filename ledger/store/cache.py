@@ -28,7 +28,7 @@ enqueue's twin is found among requests that parse alike for the same reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,20 +158,17 @@ def between_statements(point: str, conn: Connection) -> None:
     decided from them. Does nothing."""
 
 
-def resolve(
-    conn: Connection, dialect: Dialect, ids: list[int], policy: CachePolicy | None, questions: Iterable[str] = ()
-) -> Resolved:
+def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePolicy | None) -> Resolved:
     """Answer `ids` (new requests, inside their enqueue's transaction) from the cache where a
     source exists; make those with an identical request in flight wait for it.
 
-    `questions`: the cache keys of those of `ids` that allow the cache. Enqueues of one question
-    resolve one at a time (`Dialect.take_question_turns`): one that commits first is seen whole
+    Enqueues of one question resolve one at a time (`Dialect.take_question_turns`): one that commits first is seen whole
     by the next, whose identical requests wait for its originals; enqueues of different
     questions do not wait for each other."""
     if not ids or policy is None:
         return NOTHING_RESOLVED
     between_statements("inserted", conn)
-    dialect.take_question_turns(conn, questions)
+    dialect.take_question_turns(conn, ids)
     max_age_days = policy.max_age_days
     age = -float(max_age_days if max_age_days is not None else NO_AGE_LIMIT_DAYS) * 86400.0
     # Per new request: its source, the first answer worth copying; else the request it waits for,

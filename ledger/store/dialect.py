@@ -227,20 +227,19 @@ class Dialect:
         held: set[Turn] = entry[1]
         return held
 
-    def take_question_turns(self, conn: Connection, cache_keys: Iterable[str]) -> None:
-        """Until commit, hold the turn of each question in `cache_keys` (`ledger.store.cache.resolve`):
-        an enqueue resolving its new requests sees every enqueue of the same questions that
-        resolved before it, and waits for none that asks only other questions.
+    def take_question_turns(self, conn: Connection, ids: list[int]) -> None:
+        """Until commit, hold the turn of each question that the new requests `ids` ask while
+        allowing the cache (`ledger.store.cache.resolve`): an enqueue resolving them sees every
+        enqueue of the same questions that resolved before it, and waits for none that asks only
+        other questions.
 
         PostgreSQL: each question's row in `llm_question_turns`, inserted or, when there, locked
         (`DO UPDATE ... WHERE false` updates nothing but locks the row it met), in key order so
         that two enqueues sharing several questions cannot deadlock. Row locks live in the rows,
         not in the server's shared lock table, so a chunk of thousands of questions needs no
         room there. SQLite: BEGIN IMMEDIATE already holds the only write lock."""
-        if self.name == "postgresql":
-            keys = sorted(set(cache_keys))
-            if keys:
-                conn.execute(_QUESTION_TURNS, {"keys": keys})
+        if self.name == "postgresql" and ids:
+            conn.execute(_QUESTION_TURNS, {"ids": ids})
 
     def run_all(self, conn: Connection, statements: Iterable[tuple[Any, dict[str, Any]]]) -> list[Ran]:
         """Hot statements (as `execute`) none of whose parameters depends on another's result,
@@ -475,7 +474,8 @@ class Dialect:
 _XID = "pg_current_xact_id()::text"
 _CLAIM_LOCK = text(f"SELECT pg_advisory_xact_lock({CLAIM_LOCK}), {_XID}")
 _QUESTION_TURNS = text(
-    "INSERT INTO llm_question_turns (cache_key) SELECT k FROM unnest(CAST(:keys AS text[])) AS k ORDER BY k"
+    "INSERT INTO llm_question_turns (cache_key) SELECT DISTINCT cache_key FROM llm_requests"
+    " WHERE id = ANY(CAST(:ids AS bigint[])) AND use_cache AND cache_key IS NOT NULL ORDER BY cache_key"
     " ON CONFLICT (cache_key) DO UPDATE SET cache_key = EXCLUDED.cache_key WHERE false"
 )
 _LEDGER_SHARED = text(f"SELECT pg_advisory_xact_lock_shared({CLAIM_LOCK}), {_XID}")

@@ -54,7 +54,6 @@ CHUNK_ROW_COLUMNS = (
     "deadline",  # delivery `auto` only (as text: `ledger.deadlines.deadline_text`)
 )
 _KEY_AT, _SOURCES_AT = CHUNK_ROW_COLUMNS.index("idempotency_key"), CHUNK_ROW_COLUMNS.index("sources")
-_CACHE_KEY_AT, _USE_CACHE_AT = CHUNK_ROW_COLUMNS.index("cache_key"), CHUNK_ROW_COLUMNS.index("use_cache")
 _KNOWN = select(requests.c.id, requests.c.idempotency_key, requests.c.body_hash).where(
     requests.c.idempotency_key.in_(bindparam("b_keys", expanding=True))
 )
@@ -142,17 +141,12 @@ class IntakeQueries:
                 for key in skipped:
                     if known[key].body_hash != hashes[key]:
                         raise KeyConflict(key, known[key].request_id)
-            resolved = resolve(conn, self.dialect, [rid for rid, _ in new], cache, _questions(rows, added))
+            resolved = resolve(conn, self.dialect, [rid for rid, _ in new], cache)
         return ChunkWritten(new, len(skipped), resolved)
 
     def queue_depth(self) -> int:
         with reading(self.engine) as conn:
             return queued_count(conn)
-
-
-def _questions(rows: list[tuple[Any, ...]], added: set[str]) -> set[str]:
-    """The cache keys of the chunk's new rows that allow the cache: the questions it resolves."""
-    return {row[_CACHE_KEY_AT] for row in rows if row[_USE_CACHE_AT] and row[_KEY_AT] in added}
 
 
 def _known(conn: Connection, keys: list[str]) -> dict[str, Known]:

@@ -107,16 +107,6 @@ def queued_count(conn: Connection) -> int:
     return int(conn.execute(select(func.count()).select_from(requests).where(requests.c.status == QUEUED)).scalar_one())
 
 
-def _questions(batch: list[dict[str, Any]], new: list[dict[str, Any]]) -> set[str]:
-    """The cache keys of a batch's new rows that allow the cache: the questions it resolves."""
-    added = {row["idempotency_key"] for row in new}
-    return {
-        row["cache_key"]
-        for row in batch
-        if row.get("cache_key") and row.get("use_cache", True) and row["idempotency_key"] in added
-    }
-
-
 class QueueQueries(ClaimQueries):
     """Mixed into `Store`; needs `engine` and `dialect`."""
 
@@ -156,12 +146,12 @@ class QueueQueries(ClaimQueries):
             next_seq[job_id] += 1
             if len(batch) >= batch_size:
                 new = self._insert_batch(conn, batch)
-                resolved.append(resolve(conn, self.dialect, [r["id"] for r in new], cache, _questions(batch, new)))
+                resolved.append(resolve(conn, self.dialect, [r["id"] for r in new], cache))
                 seen, inserted, batch = seen + len(batch), inserted + len(new), []
                 kept = kept + new if len(kept) + len(new) <= KEEP_INSERTED_MAX else []
         if batch:
             new = self._insert_batch(conn, batch)
-            resolved.append(resolve(conn, self.dialect, [r["id"] for r in new], cache, _questions(batch, new)))
+            resolved.append(resolve(conn, self.dialect, [r["id"] for r in new], cache))
             seen, inserted = seen + len(batch), inserted + len(new)
             kept = kept + new if len(kept) + len(new) <= KEEP_INSERTED_MAX else []
         return EnqueueResult(
