@@ -61,6 +61,13 @@ def openai_error(exc: openai.APIStatusError) -> dict[str, Any]:
     return error
 
 
+def openai_client(mock: RunningMockProvider, azure: bool) -> openai.OpenAI:
+    """The OpenAI SDK's client for the mock, or Azure OpenAI's (the same wire, other routes)."""
+    if azure:
+        return openai.AzureOpenAI(api_key="k", azure_endpoint=mock.base_url, api_version="2024-10-21", max_retries=0)
+    return openai.OpenAI(api_key="k", base_url=mock.openai_base_url, max_retries=0)
+
+
 # -- online ---------------------------------------------------------------------------------
 
 
@@ -68,11 +75,7 @@ def openai_error(exc: openai.APIStatusError) -> dict[str, Any]:
 def test_openai_refuses_a_tool_result_without_its_call_id_and_answers_the_linked_one(
     mock: RunningMockProvider, azure: bool
 ) -> None:
-    client: openai.OpenAI = (
-        openai.AzureOpenAI(api_key="k", azure_endpoint=mock.base_url, api_version="2024-10-21", max_retries=0)
-        if azure
-        else openai.OpenAI(api_key="k", base_url=mock.openai_base_url, max_retries=0)
-    )
+    client = openai_client(mock, azure)
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="gpt-4o-mini", messages=UNLINKED, tools=TOOLS)  # type: ignore[arg-type]
     assert refused.value.status_code == 400
@@ -212,11 +215,7 @@ def openai_batch(client: openai.OpenAI, endpoint: str, bodies: dict[str, dict[st
 def test_an_openai_batch_line_the_api_refuses_answers_its_error_and_the_others_are_answered(
     mock: RunningMockProvider, azure: bool
 ) -> None:
-    client: openai.OpenAI = (
-        openai.AzureOpenAI(api_key="k", azure_endpoint=mock.base_url, api_version="2024-10-21", max_retries=0)
-        if azure
-        else openai.OpenAI(api_key="k", base_url=mock.openai_base_url, max_retries=0)
-    )
+    client = openai_client(mock, azure)
     bad = {"model": "gpt-4o-mini", "messages": UNLINKED, "tools": TOOLS}
     found = openai_batch(client, "/v1/chat/completions", {"good": {**bad, "messages": LINKED}, "bad": bad})
     assert found["good"]["response"]["status_code"] == 200
