@@ -115,7 +115,7 @@ class LeaseQueries:
 
     def release_worker(self, worker: str, max_attempts: int, why: str | None = None) -> ReleasedRows:
         """Give back every slot held under `worker`: a stopping daemon's cut-off calls, or at start,
-        what a previous process with the same worker id left behind (see `_end_leases`)."""
+        what a previous process with the same worker id left behind (see `end_leases`)."""
         with transaction(self.engine, self.dialect) as conn:
             self.dialect.writer_turn(conn, worker)  # ordered with this daemon's records and claims
             rows = end_leases(
