@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, and_, bindparam, case, column, func, not_, or_, select, true, update
+from sqlalchemy import BigInteger, and_, bindparam, case, column, false, func, literal, not_, or_, select, true, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import ColumnElement
 
@@ -67,9 +67,10 @@ def _in_flight(t: Any, status: Callable[[Any], Any] = lambda c: c) -> ColumnElem
     return or_(*[status(t.status) == value for value in IN_FLIGHT])
 
 
-def _copied_from(src: Any) -> dict[str, Any]:
-    """The values a request completed from `src` (a `requests` alias's columns) takes."""
-    alike = _r.parse.is_not_distinct_from(src.parse)
+def _copied_from(src: Any, new: Any = _r) -> dict[str, Any]:
+    """The values a request (`new`: its columns) completed from `src` (a `requests` alias's
+    columns) takes."""
+    alike = new.parse.is_not_distinct_from(src.parse)
     return {
         **{name: src[name] for name in ANSWER_COLUMNS},
         **{name: case((alike, src[name]), else_=None) for name in DERIVED_COLUMNS},
@@ -132,6 +133,11 @@ class CachePolicy:
 
     max_age_days: float | None = None  # the oldest source copied (None: any age)
 
+    @property
+    def age_seconds(self) -> float:
+        """How old a source may be, as seconds to add to now (negative)."""
+        return -float(self.max_age_days if self.max_age_days is not None else NO_AGE_LIMIT_DAYS) * 86400.0
+
 
 @dataclass(frozen=True)
 class Hit:
@@ -169,8 +175,7 @@ def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePol
         return NOTHING_RESOLVED
     between_statements("inserted", conn)
     dialect.take_question_turns(conn, ids)
-    max_age_days = policy.max_age_days
-    age = -float(max_age_days if max_age_days is not None else NO_AGE_LIMIT_DAYS) * 86400.0
+    age = policy.age_seconds
     # Per new request: its source, the first answer worth copying; else the request it waits for,
     # the first of these that exists:
     # - an identical original in flight of another enqueue (committed: the only uncommitted rows
@@ -206,6 +211,44 @@ def resolve(conn: Connection, dialect: Dialect, ids: list[int], policy: CachePol
         conn.execute(_WAIT_FOR, [{"b_id": i, "b_original": o} for i, o in sorted(waiting.items())])
     hits = [Hit(i, s, pools[i]) for i, s in sorted(source.items())]
     return Resolved(hits, len(waiting))
+
+
+# -- answered as they are inserted ---------------------------------------------
+
+# What a hit takes only because it is one: a request inserted without a source takes these
+# columns' defaults instead (queued, not copied, no cost yet).
+_ONLY_A_HIT = {"status": QUEUED, "cached_from": None, "completed_at": None, "cost_usd": None}
+# What `_copied_from` sets that a request just inserted has already (or takes with its clock).
+_AS_INSERTED = ("reserved_usd", "twin_of", "error_code", "error_message", "updated_at")
+
+
+def answered_at_insert(new: Any, policy: CachePolicy | None) -> tuple[Any, dict[str, Any]]:
+    """For an insert of new requests (`new`: the columns of the rows inserted from): the join
+    to each one's source, the first answer worth copying (none where the request does not
+    allow the cache, or with no `policy`), and the values of the columns a hit sets, which
+    come out as an unanswered request's defaults where no source was found.
+
+    A hit written this way is written once, where an update after the insert rewrote the
+    whole row and its index entries a second time. It needs no question's turn: a source is a
+    committed answer, which every enqueue may copy, whatever the others do meanwhile (twins
+    are what takes turns: `resolve`, for the requests inserted without a source)."""
+    src, other = requests.alias("src"), requests.alias("other")
+    found: Any = false()
+    if policy is not None:
+        found = and_(
+            new.use_cache == true(),
+            other.c.cache_key == new.cache_key,
+            _is_source(other.c),
+            other.c.completed_at >= db_now_plus(literal(policy.age_seconds)),
+        )
+    first = select(other.c.id).where(found).order_by(other.c.id).limit(1).scalar_subquery()
+    values: dict[str, Any] = {}
+    for name, value in _copied_from(src.c, new).items():
+        if name in _ONLY_A_HIT:
+            value = case((src.c.id.is_not(None), value), else_=literal(_ONLY_A_HIT[name]))
+        if name not in _AS_INSERTED:
+            values[name] = value
+    return (src, src.c.id == first), values
 
 
 # -- when an original ends ------------------------------------------------------

@@ -26,9 +26,9 @@ constructs defined here:
 - `bound_rows` (row_sets.py): rows passed as a table (`UPDATE ... FROM`, `INSERT ... SELECT`),
   so a group or a chunk of thousands of rows is one set-based statement: PostgreSQL's
   `json_to_recordset` of one JSON parameter, SQLite's `VALUES` of plain ones.
-- `Dialect.insert_rows()`: many rows in one set-based insert that skips existing keys:
-  PostgreSQL COPYs them into a temporary staging table and inserts from it, SQLite (in
-  process, no round trips to save) takes one multi-row VALUES.
+- `Dialect.insert_rows()`: many rows in one set-based `INSERT ... SELECT`: PostgreSQL COPYs
+  them into a temporary staging table and inserts from it, SQLite (in process, no round
+  trips to save) reads them from a multi-row VALUES.
 - `Dialect.enqueue_pacing()`: how a large enqueue shares the database with running daemons.
 """
 
@@ -40,12 +40,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Table, text
+from sqlalchemy import column as sql_column
+from sqlalchemy import table as sql_table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.cursor import CursorResult
 from sqlalchemy.exc import DatabaseError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.sql.dml import Insert
-from sqlalchemy.sql.selectable import Select
+from sqlalchemy.sql.selectable import NamedFromClause, Select
 
 from ledger.store.checkpoints import WalCheckpoints
 from ledger.store.driver_runs import (
@@ -420,31 +422,32 @@ class Dialect:
         table: Table,
         columns: tuple[str, ...],
         rows: list[tuple[Any, ...]],
-        *,
-        key: str,
-        clock: tuple[str, ...] = ("created_at", "updated_at", "next_attempt_at"),
-    ) -> list[tuple[int, str]]:
-        """INSERT `rows` (tuples in `columns` order, JSON columns as JSON text) with the `clock`
-        columns set to the database's now, skipping rows whose `key` exists; returns (id, key)
-        of each row inserted. One statement per chunk, not one per row."""
+        insert: Callable[[NamedFromClause], str],
+    ) -> list[tuple[Any, ...]]:
+        """Many rows (tuples in `columns` order, JSON columns as JSON text) inserted by one
+        set-based statement per chunk, not one per row; returns what its RETURNING gives.
+
+        `insert(s)` is that statement's text, an INSERT ... SELECT reading the rows from `s`, a
+        table of `ord` (their order) and `columns`: PostgreSQL COPYs the rows into a temporary
+        table and inserts from it; SQLite, in-process with no round trip to save, reads them
+        from a VALUES list in front of the statement, a few hundred rows at a time."""
         if not rows:
             return []
-        now = str(db_now().compile(dialect=conn.dialect))
-        into = f"INSERT INTO {table.name} ({', '.join([*columns, *clock])})"
-        skip = f"ON CONFLICT ({key}) DO NOTHING RETURNING id, {key}"
         if self.name == "postgresql":
             stage = f"ledger_stage_{table.name}"
-            picked = f"SELECT {', '.join([*columns, *[now] * len(clock)])} FROM {stage} ORDER BY ord"
-            return copy_then_insert(conn, table, stage, columns, rows, f"{into} {picked} {skip}")
-        per_statement = min(SQLITE_ROWS_PER_INSERT, max(1, sqlite_max_variables(conn) // len(columns)))
-        group = "(" + ", ".join(["?"] * len(columns) + [now] * len(clock)) + ")"
-        new: list[tuple[int, str]] = []
+            relation = sql_table(stage, *[sql_column(c) for c in ("ord", *columns)]).alias("s")
+            return copy_then_insert(conn, table, stage, columns, rows, insert(relation))
+        relation = sql_table("s", *[sql_column(c) for c in ("ord", *columns)])
+        statement = insert(relation)
+        per_statement = min(SQLITE_ROWS_PER_INSERT, max(1, sqlite_max_variables(conn) // (len(columns) + 1)))
+        group = "(" + ", ".join(["?"] * (len(columns) + 1)) + ")"
+        found: list[tuple[Any, ...]] = []
         for i in range(0, len(rows), per_statement):
             part = rows[i : i + per_statement]
-            sql = f"{into} VALUES {', '.join([group] * len(part))} {skip}"
-            flat = tuple(value for row in part for value in row)
-            new.extend((int(r[0]), str(r[1])) for r in conn.exec_driver_sql(sql, flat).all())
-        return new
+            values = f"WITH s (ord, {', '.join(columns)}) AS (VALUES {', '.join([group] * len(part))})"
+            flat = tuple(value for at, row in enumerate(part, start=i) for value in (at, *row))
+            found.extend(tuple(r) for r in conn.exec_driver_sql(f"{values} {statement}", flat).all())
+        return found
 
     def enqueue_pacing(self, daemon_may_wait: bool = True) -> tuple[int, float]:
         """Rows per transaction of an enqueue, and the share of its time it may spend inside them.

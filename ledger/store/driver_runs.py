@@ -187,7 +187,7 @@ def _row_type(names: tuple[str, ...]) -> Any:
 
 def copy_then_insert(
     conn: Connection, table: Table, stage: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], insert: str
-) -> list[tuple[int, str]]:
+) -> list[tuple[Any, ...]]:
     """PostgreSQL: COPY `rows` into a temporary table (this session's, emptied at commit), then
     run `insert`, which selects from it in input order."""
     types = ", ".join(f"{c} {table.c[c].type.compile(dialect=conn.dialect)}" for c in columns)
@@ -198,7 +198,7 @@ def copy_then_insert(
             for ord_, row in enumerate(rows):
                 copy.write_row((ord_, *row))
         cur.execute(insert)
-        return [(int(r[0]), str(r[1])) for r in cur.fetchall()]
+        return [tuple(r) for r in cur.fetchall()]
 
 
 def sqlite_max_variables(conn: Connection) -> int:

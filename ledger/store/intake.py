@@ -1,10 +1,12 @@
 """The SQL of an enqueue written in short transactions (`ledger.intake` drives it).
 
 A chunk of validated rows (tuples in `CHUNK_ROW_COLUMNS` order, JSON columns as text, made
-before the transaction starts) goes in with one set-based insert that skips keys
+before the transaction starts) goes in with one set-based `INSERT ... SELECT` that skips keys
 already there (`ON CONFLICT (idempotency_key) DO NOTHING`), by the dialect's fastest
 multi-row path (`Dialect.insert_rows`): PostgreSQL COPYs the chunk into a temporary
-staging table and inserts from it; SQLite, in-process, takes one multi-row VALUES.
+staging table and inserts from it; SQLite, in-process, reads a multi-row VALUES. A row whose
+question has a source in the response cache is written answered by that insert
+(`cache.answered_at_insert`); the others go through `cache.resolve` for twins.
 On SQLite the file's one write lock is held only while the database works.
 
 Keys the insert skipped were already there; inside the same transaction their stored
@@ -19,14 +21,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, select, true
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.selectable import NamedFromClause
 
 from ledger.fingerprint import BODY_FIELDS, body_hash
 from ledger.models import Job, LlmRequest
-from ledger.store.cache import NOTHING_RESOLVED, CachePolicy, Resolved, resolve
+from ledger.store.cache import NOTHING_RESOLVED, CachePolicy, Hit, Resolved, answered_at_insert, resolve
 from ledger.store.commit import reading, transaction
-from ledger.store.dialect import Dialect
+from ledger.store.dialect import Dialect, db_now
 from ledger.store.lineage import link_sources
 from ledger.store.queue import max_fair_seq, queued_count
 
@@ -130,7 +133,11 @@ class IntakeQueries:
         with transaction(self.engine, self.dialect) as conn:
             for job_id in sorted(job_ids):
                 conn.execute(self.dialect.insert_ignore(jobs, ["id"]), {"id": job_id, "status": "running"})
-            new = self.dialect.insert_rows(conn, requests, CHUNK_ROW_COLUMNS, rows, key="idempotency_key")
+            written = self.dialect.insert_rows(
+                conn, requests, CHUNK_ROW_COLUMNS, rows, lambda s: _insert_answering(conn, s, cache)
+            )
+            new = [(int(rid), str(key)) for rid, key, _, _ in written]
+            hits = [Hit(int(rid), int(src), str(pool)) for rid, _, src, pool in written if src is not None]
             if any(row[_SOURCES_AT] not in (None, "null") for row in rows):
                 sources = {row[_KEY_AT]: json.loads(row[_SOURCES_AT]) for row in rows if row[_SOURCES_AT] is not None}
                 link_sources(conn, ((rid, sources.get(key)) for rid, key in new))
@@ -141,12 +148,41 @@ class IntakeQueries:
                 for key in skipped:
                     if known[key].body_hash != hashes[key]:
                         raise KeyConflict(key, known[key].request_id)
-            resolved = resolve(conn, self.dialect, [rid for rid, _ in new], cache)
-        return ChunkWritten(new, len(skipped), resolved)
+            answered = {hit.request_id for hit in hits}
+            resolved = resolve(conn, self.dialect, [rid for rid, _ in new if rid not in answered], cache)
+        return ChunkWritten(new, len(skipped), Resolved(hits + resolved.hits, resolved.twins))
 
     def queue_depth(self) -> int:
         with reading(self.engine) as conn:
             return queued_count(conn)
+
+
+def _insert_answering(conn: Connection, s: NamedFromClause, cache: CachePolicy | None) -> str:
+    """The chunk's INSERT ... SELECT from `s` (`Dialect.insert_rows`): keys already there skipped,
+    the clock columns at the database's now, and each request with a source in the response
+    cache written answered from it (`answered_at_insert`). Returns (id, key, source, pool) of
+    each row written. Made once per database and cache age (the text is the same for every chunk)."""
+    age = None if cache is None else cache.age_seconds
+    key = (conn.dialect.name, str(s), age)
+    found = _INSERTS.get(key)
+    if found is None:
+        (source, joined), answer = answered_at_insert(s.c, cache)
+        now = db_now()
+        picked = {**{c: s.c[c] for c in CHUNK_ROW_COLUMNS}, **{c: now for c in _CLOCK}, **answer}
+        query = select(*picked.values()).select_from(s.outerjoin(source, joined)).where(true()).order_by(s.c.ord)
+        compiled = query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+        found = _INSERTS[key] = (
+            f"INSERT INTO {requests.name} ({', '.join(picked)}) {compiled}"
+            " ON CONFLICT (idempotency_key) DO NOTHING"
+            f" RETURNING id, idempotency_key, cached_from, endpoint"
+        )
+    return found
+
+
+# The clock columns a new request takes from the database's now.
+_CLOCK = ("created_at", "updated_at", "next_attempt_at")
+# `_insert_answering`'s statements, by (database, relation, cache age).
+_INSERTS: dict[tuple[str, str, float | None], str] = {}
 
 
 def _known(conn: Connection, keys: list[str]) -> dict[str, Known]:

@@ -280,6 +280,12 @@ class ids_in(expression.FunctionElement[Any]):
     def __init__(self, col: expression.ColumnElement[Any], param: str) -> None:
         super().__init__(col, bindparam(param, type_=IdList()))
 
+    def self_group(self, against: Any = None) -> Any:
+        """Already a predicate. Grouped as a boolean, SQLite (no boolean type) would get
+        `col IN (...) = 1`, which hides `col`'s index from its planner: a scan of the whole
+        table for every statement, where each id should cost one lookup."""
+        return self
+
 
 @compiles(ids_in, "postgresql")
 def _pg_ids_in(element: ids_in, compiler: SQLCompiler, **kw: Any) -> str:

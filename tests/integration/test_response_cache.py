@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import event, select, text, update
 from typer.testing import CliRunner
 
 from adapters.mock_provider import RunningMockProvider, running_mock_provider
@@ -271,3 +271,22 @@ def test_the_command_line_says_what_the_cache_did_and_lines_opt_out_or_ask_for_s
         assert ledger.store.spend_today() == pytest.approx(
             sum(r["cost_usd"] for r in found.values() if r["cached_from"] is None)
         )
+
+
+def test_sqlite_finds_an_enqueue_s_sources_and_twins_by_index_never_by_scanning_the_ledger(sqlite_url: str) -> None:
+    """Each of an enqueue's statements that look for a question's other requests (a source to
+    copy, an original in flight to wait for) reaches them through an index: a statement that
+    scanned the ledger made every chunk of a large enqueue read every request the ledger held."""
+    settings = Settings(LEDGER_DATABASE_URL=sqlite_url, OPENAI_API_KEY="test-key")
+    seen: list[tuple[str, Any]] = []
+    with Ledger(settings=settings) as ledger:
+        ledger.enqueue_many([question(i) for i in range(50)])  # in flight: the next ones' twins
+        event.listen(ledger.store.engine, "before_cursor_execute", lambda *a: seen.append((a[2], a[3])))
+        ledger.enqueue_many([question(i, idempotency_key=f"again-{i}") for i in range(50)])
+        looked = [(sql, args) for sql, args in seen if "cache_key" in sql and "llm_requests AS" in sql]
+        assert looked, "no statement of the enqueue looked for a question's other requests"
+        with ledger.store.engine.connect() as conn:
+            for sql, args in looked:
+                plan = [row[3] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, args)]
+                scans = [step for step in plan if re.match(r"SCAN (llm_requests|n|src|other|cand)\b", step)]
+                assert not scans, (sql, plan)
