@@ -1,9 +1,10 @@
 """Benchmark: `ledger enqueue` of a 100k-line JSONL file, rows/s and peak memory.
 
 Runs the real CLI in a child process (so peak RSS is the enqueue's alone) on
-SQLite and on PostgreSQL: the file into an empty ledger, then (every request answered
-meanwhile) the same questions under other keys, each a response cache hit; on PostgreSQL
-also the same file again, every line already there. Usage:
+SQLite and on PostgreSQL: the file into an empty ledger; then, every request answered
+meanwhile, as many other questions (plain rows into a ledger of that size), and the first
+file's questions under other keys, each a response cache hit; on PostgreSQL also the same
+file again, every line already there. Usage:
 
     python -m bench.enqueue_100k [--lines 100000] [--pg URL]
 
@@ -26,8 +27,9 @@ from sqlalchemy import create_engine, text
 from bench.common import PG_DSN, fresh_database
 
 
-def write_file(path: Path, lines: int, prefix: str = "bench") -> None:
-    """`lines` distinct questions, keyed `{prefix}-{i}`: another prefix asks the same questions."""
+def write_file(path: Path, lines: int, prefix: str = "bench", verb: str = "Grade") -> None:
+    """`lines` distinct questions, keyed `{prefix}-{i}`: another prefix asks the same questions,
+    another `verb` other questions."""
     with path.open("w") as f:
         for i in range(lines):
             f.write(
@@ -46,7 +48,7 @@ def write_file(path: Path, lines: int, prefix: str = "bench") -> None:
                                 },
                                 {
                                     "role": "user",
-                                    "content": f"Grade essay number {i} on clarity. " + "lorem ipsum " * 20,
+                                    "content": f"{verb} essay number {i} on clarity. " + "lorem ipsum " * 20,
                                 },
                             ],
                         },
@@ -114,14 +116,20 @@ def main() -> int:
             print(f"baseline sqlite, {args.lines // 100} lines: {small_s:.2f} s, peak RSS {small_peak:.1f} MiB")
         hits = Path(tmp) / "hits.jsonl"  # the same questions under other keys: every one a cache hit
         write_file(hits, args.lines, prefix="again")
+        # Other questions, enqueued into the answered ledger just before the hits: plain rows
+        # written into a ledger as large as the one the hits are (a little smaller, in fact).
+        others = Path(tmp) / "others.jsonl"
+        write_file(others, args.lines, prefix="other", verb="Rate")
         sqlite_url = f"sqlite:///{tmp}/bench.db"
         results["sqlite"] = run(sqlite_url, path)
         answer_everything(sqlite_url)
+        results["sqlite, other questions"] = run(sqlite_url, others)
         results["sqlite, all cache hits"] = run(sqlite_url, hits)
         with fresh_database("postgres", args.pg) as pg_url:
             results["postgres"] = run(pg_url, path)
             again = run(pg_url, path)  # idempotent re-enqueue: every line is a duplicate
             answer_everything(pg_url)
+            results["postgres, other questions"] = run(pg_url, others)
             results["postgres, all cache hits"] = run(pg_url, hits)
     for name, (seconds, peak) in results.items():
         print(f"{name:26s} {args.lines / seconds:9.0f} rows/s  {seconds:6.2f} s  peak RSS <= {peak:6.1f} MiB")
