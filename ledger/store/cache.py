@@ -222,33 +222,39 @@ _ONLY_A_HIT = {"status": QUEUED, "cached_from": None, "completed_at": None, "cos
 _AS_INSERTED = ("reserved_usd", "twin_of", "error_code", "error_message", "updated_at")
 
 
-def answered_at_insert(new: Any, policy: CachePolicy | None) -> tuple[Any, dict[str, Any]]:
-    """For an insert of new requests (`new`: the columns of the rows inserted from): the join
-    to each one's source, the first answer worth copying (none where the request does not
-    allow the cache, or with no `policy`), and the values of the columns a hit sets, which
-    come out as an unanswered request's defaults where no source was found.
+def answered_at_insert(rows: Any, policy: CachePolicy | None) -> tuple[Any, Any, dict[str, Any]]:
+    """For an insert of new requests from `rows` (a table of their columns): `new`, those rows
+    with the id of each one's source (the first answer worth copying; none where the request
+    does not allow the cache, or with no `policy`); `new` joined to that source; and the
+    values of the columns a hit sets, which come out as an unanswered request's defaults where
+    no source was found.
 
     A hit written this way is written once, where an update after the insert rewrote the
     whole row and its index entries a second time. It needs no question's turn: a source is a
     committed answer, which every enqueue may copy, whatever the others do meanwhile (twins
-    are what takes turns: `resolve`, for the requests inserted without a source)."""
+    are what takes turns: `resolve`, for the requests inserted without a source).
+
+    The source's id is found first, by its question's index (a column of `new`), then the
+    source is joined by its primary key. Looked up in the join's condition instead, it left
+    PostgreSQL no key to join by: it hashed the whole ledger, for every chunk."""
     src, other = requests.alias("src"), requests.alias("other")
     found: Any = false()
     if policy is not None:
         found = and_(
-            new.use_cache == true(),
-            other.c.cache_key == new.cache_key,
+            rows.c.use_cache == true(),
+            other.c.cache_key == rows.c.cache_key,
             _is_source(other.c),
             other.c.completed_at >= db_now_plus(literal(policy.age_seconds)),
         )
     first = select(other.c.id).where(found).order_by(other.c.id).limit(1).scalar_subquery()
+    new = select(rows, first.label("source")).subquery("n")
     values: dict[str, Any] = {}
-    for name, value in _copied_from(src.c, new).items():
+    for name, value in _copied_from(src.c, new.c).items():
         if name in _ONLY_A_HIT:
             value = case((src.c.id.is_not(None), value), else_=literal(_ONLY_A_HIT[name]))
         if name not in _AS_INSERTED:
             values[name] = value
-    return (src, src.c.id == first), values
+    return new, new.outerjoin(src, src.c.id == new.c.source), values
 
 
 # -- when an original ends ------------------------------------------------------

@@ -166,10 +166,10 @@ def _insert_answering(conn: Connection, s: NamedFromClause, cache: CachePolicy |
     key = (conn.dialect.name, str(s), age)
     found = _INSERTS.get(key)
     if found is None:
-        (source, joined), answer = answered_at_insert(s.c, cache)
+        new, joined, answer = answered_at_insert(s, cache)
         now = db_now()
-        picked = {**{c: s.c[c] for c in CHUNK_ROW_COLUMNS}, **{c: now for c in _CLOCK}, **answer}
-        query = select(*picked.values()).select_from(s.outerjoin(source, joined)).where(true()).order_by(s.c.ord)
+        picked = {**{c: new.c[c] for c in CHUNK_ROW_COLUMNS}, **{c: now for c in _CLOCK}, **answer}
+        query = select(*picked.values()).select_from(joined).where(true()).order_by(new.c.ord)
         compiled = query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
         found = _INSERTS[key] = (
             f"INSERT INTO {requests.name} ({', '.join(picked)}) {compiled}"
