@@ -244,7 +244,11 @@ def answered_at_insert(rows: Any, policy: CachePolicy | None) -> tuple[Any, Any,
             rows.c.use_cache == true(),
             other.c.cache_key == rows.c.cache_key,
             _is_source(other.c),
-            other.c.completed_at >= db_now_plus(literal(policy.age_seconds)),
+            # Never by the index of answers' times (a source's `completed_at` is always set, and
+            # `coalesce` keeps the planner from inferring that): with statistics from before the
+            # ledger's answers came (all NULL), PostgreSQL took that partial index for empty and
+            # read every answer in it for each new request, where the question's index finds its one.
+            func.coalesce(other.c.completed_at, other.c.created_at) >= db_now_plus(literal(policy.age_seconds)),
         )
     first = select(other.c.id).where(found).order_by(other.c.id).limit(1).scalar_subquery()
     new = select(rows, first.label("source")).subquery("n")

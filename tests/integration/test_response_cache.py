@@ -19,6 +19,7 @@ from ledger.api import Ledger
 from ledger.cli import app
 from ledger.settings import Settings
 from ledger.store import Store
+from ledger.store import dialect as dialect_module
 from tests.integration.batch_helpers import batch_settings, requests_t, rows, run
 
 AUDIT_DOC = Path(__file__).parents[2] / "docs" / "audit.md"
@@ -290,3 +291,44 @@ def test_sqlite_finds_an_enqueue_s_sources_and_twins_by_index_never_by_scanning_
                 plan = [row[3] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, args)]
                 scans = [step for step in plan if re.match(r"SCAN (llm_requests|n|src|other|cand)\b", step)]
                 assert not scans, (sql, plan)
+
+
+def test_postgresql_finds_a_chunk_s_sources_by_question_with_statistics_from_before_the_answers(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger analysed while its requests were queued, then answered: its statistics still say
+    no request has an answer time. The source of each request of a chunk is looked up by its
+    question's index all the same, never through the index of answer times, which those
+    statistics make look empty and which holds every answer (on a ledger of 100,000, every
+    chunk read them all, one request at a time: twice the time of the enqueue). The plan is
+    read from the chunk's own insert, with its rows staged; then once more with the question's
+    index gone (for that statement only), which shows the lookup cannot take the other."""
+    settings = Settings(LEDGER_DATABASE_URL=pg_url, OPENAI_API_KEY="test-key")
+    plans: list[str] = []
+    without: list[str] = []
+    copy_then_insert = dialect_module.copy_then_insert
+
+    def explained(conn: Any, table: Any, stage: str, columns: Any, rows: Any, insert: str) -> Any:
+        written = copy_then_insert(conn, table, stage, columns, rows, insert)
+        plans.append("\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + insert)))
+        conn.exec_driver_sql("SAVEPOINT without_the_question_index")
+        conn.exec_driver_sql("DROP INDEX ix_llm_requests_cache_key")
+        without.append("\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + insert)))
+        conn.exec_driver_sql("ROLLBACK TO SAVEPOINT without_the_question_index")
+        return written
+
+    with Ledger(settings=settings) as ledger:
+        ledger.enqueue_many([question(i) for i in range(3000)])
+        with ledger.store.engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE llm_requests")
+        with ledger.store.engine.begin() as conn:
+            answered = "UPDATE llm_requests SET status = 'completed', raw_output = 'VERDICT: 3', completed_at = now()"
+            conn.exec_driver_sql(answered)
+        monkeypatch.setattr(dialect_module, "copy_then_insert", explained)
+        again = ledger.enqueue_many([question(i, idempotency_key=f"again-{i}") for i in range(3000)])
+    assert (again.inserted, again.cached) == (3000, 3000)
+    assert plans
+    for plan in plans:
+        assert "ix_llm_requests_cache_key" in plan and "ix_llm_requests_completed" not in plan, plan
+    for plan in without:
+        assert "ix_llm_requests_completed" not in plan, plan
