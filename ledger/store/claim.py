@@ -16,9 +16,11 @@ the database's own work.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import (
@@ -247,8 +249,8 @@ class ClaimQueries(LeaseQueries):
     # limit's, and per slotted pool (`_claim_pools`).
     slots_made: int = 0
     pool_slots_made: dict[str, int]
-    # The pools of this store's last claim's candidates: those a group commit locks slots of ahead.
-    candidate_pools: frozenset[str] = frozenset()
+    # This store's last claim's candidates per pool: the pools a group commit locks slots of ahead.
+    candidate_pools: Mapping[str, int] = MappingProxyType({})
 
     @cached_property
     def _candidates(self) -> Select[Any]:
@@ -288,19 +290,22 @@ class ClaimQueries(LeaseQueries):
         group's writes, one round trip on PostgreSQL. Its claim (`claim_in(read=...)`) reads
         more candidates only if these were too few, or crowded out by a full pool's.
 
-        PostgreSQL, with `global_limit`: the free slots too, `expected` global ones and as many of
-        each pool's that its candidates are likely to need (the pools of `freed_in`, whose slots
-        the group frees, and those of this store's last claim's candidates) and that took no turn
-        at that claim and whose slots it made, read after the group's writes (which free its own
-        slots). The claim uses them when they are as many as it would have locked itself
-        (`_claim_ahead`), and skips the round trip that would lock them."""
+        PostgreSQL, with `global_limit`: the free slots too, `expected` global ones and, of each
+        pool its candidates are likely to be in, as many (the pools of `freed_in`, whose slots the
+        group frees) or as many as it had candidates at this store's last claim, up to that,
+        for pools that took no turn then and whose slots it made. Read after the group's writes
+        (which free its own slots). The claim uses them when they are as many as it would have
+        locked itself (`_claim_ahead`), and skips the round trip that would lock them."""
         asked = max(expected, 1) + _READ_AHEAD_SPARE
         reads = [*self._state_reads(worker, lease_seconds), self._candidate_read((), asked)]
         if not (self.dialect.keeps_slots and global_limit):
             return ClaimReads(reads, asked)
+        likely = {p: expected for p in freed_in} | {
+            p: min(n, expected) for p, n in self.candidate_pools.items() if p not in freed_in
+        }
         pools = {
-            p: (self.pool_slots_made[p], expected)
-            for p in sorted(set(freed_in) | self.candidate_pools)
+            p: (self.pool_slots_made[p], n)
+            for p, n in sorted(likely.items())
             if p in self.pool_slots_made and not self.pool_rules.capped(p) and p not in self.windowed
         }
         wanted = [{"pool": p, "lim": made, "want": n} for p, (made, n) in pools.items()]
@@ -360,7 +365,7 @@ class ClaimQueries(LeaseQueries):
         limits = _Limits(worker, lease_seconds, global_limit, max_claims, pool_limit, rules, proven, hold, daily_budget)
         view = pool_state.PoolRoom.read(conn, state_rows, seen.in_flight, pool_limit, global_limit, rules, proven, hold)
         seen, room, picked = self._pick_in_pools(conn, limits, seen, view, read)
-        self.candidate_pools = frozenset(r.endpoint for r in picked.candidates)
+        self.candidate_pools = Counter(r.endpoint for r in picked.candidates)
         self.learning, self.windowed = set(room.learned), set(room.allowed)
         if not picked.ids:
             return Claim([], seen.total, reclaimed)
