@@ -16,9 +16,11 @@ the database's own work.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import (
@@ -133,13 +135,24 @@ _TAKE_START_AND_HOLD = _TAKE_AND_START.add_cte(slot_sql.hold(_taken))
 
 
 @dataclass(frozen=True)
+class SlotsAsked:
+    """The slots a group commit's first round trip locked ahead (PostgreSQL): up to `global_want`
+    of the global limit's, and per pool (slots made, want) up to `want` numbered up to those made."""
+
+    global_want: int
+    pools: dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
 class ClaimReads:
     """A claim's reads, to be sent ahead with other statements (`ClaimQueries.claim_reads`), and,
-    once run, what they `found`: slots in use, pool state, limits changed live, candidates."""
+    once run, what they `found`: slots in use, pool state, limits changed live, candidates and,
+    with `slots`, the free slots locked ahead."""
 
     statements: list[tuple[Any, dict[str, Any]]]
     candidates_asked: int
     found: list[Ran] = field(default_factory=list)
+    slots: SlotsAsked | None = None
 
 
 @dataclass(frozen=True)
@@ -236,6 +249,8 @@ class ClaimQueries(LeaseQueries):
     # limit's, and per slotted pool (`_claim_pools`).
     slots_made: int = 0
     pool_slots_made: dict[str, int]
+    # This store's last claim's candidates per pool: the pools a group commit locks slots of ahead.
+    candidate_pools: Mapping[str, int] = MappingProxyType({})
 
     @cached_property
     def _candidates(self) -> Select[Any]:
@@ -262,13 +277,40 @@ class ClaimQueries(LeaseQueries):
             self.slots_made = max(self.slots_made, global_limit)
             self.pool_slots_made.update({p: n for p, n in new.items() if p != slot_sql.GLOBAL})
 
-    def claim_reads(self, worker: str, lease_seconds: float, expected: int) -> ClaimReads:
+    def claim_reads(
+        self,
+        worker: str,
+        lease_seconds: float,
+        expected: int,
+        global_limit: int = 0,
+        freed_in: Collection[str] = (),
+    ) -> ClaimReads:
         """The claim's reads (slots in use, pool state, due candidates for about `expected` free
         slots), for a caller to send with its own statements: a group commit sends them with the
         group's writes, one round trip on PostgreSQL. Its claim (`claim_in(read=...)`) reads
-        more candidates only if these were too few, or crowded out by a full pool's."""
+        more candidates only if these were too few, or crowded out by a full pool's.
+
+        PostgreSQL, with `global_limit`: the free slots too, `expected` global ones and, of each
+        pool its candidates are likely to be in, as many (the pools of `freed_in`, whose slots the
+        group frees) or as many as it had candidates at this store's last claim, up to that,
+        for pools that took no turn then and whose slots it made. Read after the group's writes
+        (which free its own slots). The claim uses them when they are as many as it would have
+        locked itself (`_claim_ahead`), and skips the round trip that would lock them."""
         asked = max(expected, 1) + _READ_AHEAD_SPARE
-        return ClaimReads([*self._state_reads(worker, lease_seconds), self._candidate_read((), asked)], asked)
+        reads = [*self._state_reads(worker, lease_seconds), self._candidate_read((), asked)]
+        if not (self.dialect.keeps_slots and global_limit):
+            return ClaimReads(reads, asked)
+        likely = {p: expected for p in freed_in} | {
+            p: min(n, expected) for p, n in self.candidate_pools.items() if p not in freed_in
+        }
+        pools = {
+            p: (self.pool_slots_made[p], n)
+            for p, n in sorted(likely.items())
+            if p in self.pool_slots_made and not self.pool_rules.capped(p) and p not in self.windowed
+        }
+        wanted = [{"pool": p, "lim": made, "want": n} for p, (made, n) in pools.items()]
+        reads += slot_sql.grab(global_limit, expected, wanted)
+        return ClaimReads(reads, asked, slots=SlotsAsked(expected, pools))
 
     def _state_reads(self, worker: str, lease_seconds: float) -> list[tuple[Any, dict[str, Any]]]:
         return [
@@ -323,6 +365,7 @@ class ClaimQueries(LeaseQueries):
         limits = _Limits(worker, lease_seconds, global_limit, max_claims, pool_limit, rules, proven, hold, daily_budget)
         view = pool_state.PoolRoom.read(conn, state_rows, seen.in_flight, pool_limit, global_limit, rules, proven, hold)
         seen, room, picked = self._pick_in_pools(conn, limits, seen, view, read)
+        self.candidate_pools = Counter(r.endpoint for r in picked.candidates)
         self.learning, self.windowed = set(room.learned), set(room.allowed)
         if not picked.ids:
             return Claim([], seen.total, reclaimed)
@@ -335,18 +378,26 @@ class ClaimQueries(LeaseQueries):
         self, conn: Connection, limits: _Limits, seen: _Counts, view: pool_state.PoolRoom, read: ClaimReads | None
     ) -> tuple[_Counts, pool_state.PoolRoom, _Picked]:
         """Candidates read (those `read` found, else read now), their pools locked and counted
-        (`_claim_pools`), and the rows those allow picked; read once more, past the pools that
-        had no room, when too few were picked from a full read."""
+        (`_claim_pools`, or with the slots `read` locked: `_claim_ahead`), and the rows those
+        allow picked; read once more, past the pools that had no room, when too few were picked
+        from a full read."""
         candidates = read.found[3].rows if read is not None else None
         asked = read.candidates_asked if read is not None else 0
         full, room = view.full, view
+        grabbed: slot_sql.Grabbed | None
         for last in (False, True):
+            ahead = None
             if candidates is None:
                 asked = _candidates_for(seen.free)
                 (found,) = self.dialect.run_all(conn, [self._candidate_read(full, asked)])
                 candidates = found.rows
-            closed = _closed(room, candidates)  # no turn taken for a pool with no room left
-            seen, room, ids, grabbed = self._claim_pools(conn, limits, candidates, closed, seen.free, room)
+            elif read is not None:  # the slots locked with the reads, if they are enough
+                ahead = self._claim_ahead(conn, limits, candidates, seen, view, read)
+            if ahead is None:
+                closed = _closed(room, candidates)  # no turn taken for a pool with no room left
+                seen, room, ids, grabbed = self._claim_pools(conn, limits, candidates, closed, seen.free, room)
+            else:
+                room, ids, grabbed = ahead
             if len(ids) >= seen.free or len(candidates) < asked or last:
                 break
             # Too few: more rows were due, and a full pool's (or the budget's, or a pool whose
@@ -375,6 +426,49 @@ class ClaimQueries(LeaseQueries):
         )
         order = {request_id: i for i, request_id in enumerate(picked.ids)}
         return sorted((to_claimed(r) for r in took), key=lambda r: order[r.id])
+
+    def _claim_ahead(
+        self,
+        conn: Connection,
+        limits: _Limits,
+        candidates: list[Any],
+        seen: _Counts,
+        view: pool_state.PoolRoom,
+        read: ClaimReads,
+    ) -> tuple[pool_state.PoolRoom, list[int], slot_sql.Grabbed] | None:
+        """`_claim_pools` with the slots the group commit locked ahead (`claim_reads`), and the
+        counts and pool state read in the same round trip, after the group's writes: no
+        statement more before the take. None (the caller takes `_claim_pools`' path, one round
+        trip more) when a candidate's pool takes its turn (its window is counted under it), or
+        fewer slots were asked for than `_claim_pools` would lock: more free slots than the
+        group freed, a pool the group freed none of, a pool's slots not made up to its limit.
+        Caps hold as on that path: each row taken holds a global slot this transaction locked
+        while it was free, numbered up to the global limit, and one of its pool's, numbered up
+        to the limit this claim read (slots locked above it are left)."""
+        asked = read.slots
+        pools = sorted({r.endpoint for r in candidates} - set(_closed(view, candidates)) - set(limits.hold))
+        if asked is None or any(limits.rules.capped(p) or p in view.allowed for p in pools):
+            return None
+        due = [r for r in candidates if r.endpoint in pools]
+        if asked.global_want < min(seen.free, len(due)):
+            return None
+        grabbed = slot_sql.Grabbed.read(read.found[4].rows, read.found[5].rows)
+        kept: dict[str, list[int]] = {}
+        for p in pools:
+            made, want = asked.pools.get(p, (0, 0))
+            if made < min(limits.pool_limit(p), limits.global_limit):
+                return None
+            lim = min(view.limit(p), limits.pool_limit(p), limits.global_limit)
+            space = max(lim - view.in_flight.get(p, 0), 0)
+            if want < min(sum(1 for r in due if r.endpoint == p), seen.free, space):
+                return None
+            kept[p] = [n for n in grabbed.pools.get(p, []) if n <= lim]
+        grabbed.pools = kept
+        view.turns = frozenset(pools)
+        view.slot_caps = {p: len(nos) for p, nos in kept.items()}
+        room_left = min(seen.free, len(grabbed.global_nos))
+        picked = self._pick(conn, due, view, room_left, limits.daily_budget) if room_left > 0 else []
+        return view, picked, grabbed
 
     def _claim_pools(
         self,
@@ -443,10 +537,7 @@ class ClaimQueries(LeaseQueries):
             want = min(per_pool[p], free, max(lim - view.in_flight.get(p, 0), 0))
             if want > 0:
                 asked.append({"pool": p, "lim": lim, "want": want})
-        return [
-            (slot_sql.FREE_SLOTS, {"b_global": limits.global_limit, "b_slots": max(min(wanted, free), 1)}),
-            (slot_sql.POOL_SLOTS, {"b_pools": slot_sql.pools_json(asked)}),
-        ]
+        return slot_sql.grab(limits.global_limit, min(wanted, free), asked)
 
     def _pick(
         self, conn: Connection, rows: list[Any], room: pool_state.PoolRoom, free_total: int, daily_budget: float | None

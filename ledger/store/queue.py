@@ -205,11 +205,13 @@ class QueueQueries(ClaimQueries):
         # The claim's reads go with the group's writes when nothing else is written before the
         # claim (no lease sweep, nothing to note about the pools): the usual group.
         reads = None
+        if claim_for:  # before the reads: they lock the slots made (`claim_reads`)
+            self.make_slots(limits["global_limit"])
         quiet = pool_state.quiet(outcomes, self.pool_rules, self.windowed)
         if claim_for and quiet and not limits.get("reclaim", True) and not self.learning & group.endpoints:
-            reads = self.claim_reads(claim_for, limits["lease_seconds"], group.freed)
-        if claim_for:
-            self.make_slots(limits["global_limit"])
+            reads = self.claim_reads(
+                claim_for, limits["lease_seconds"], group.freed, limits["global_limit"], group.endpoints
+            )
         alone = limits.get("daily_budget") is not None  # spend is one figure: the ledger's turn alone
         with transaction(self.engine, self.dialect) as conn:
             # The turn, the group's updates, its twins and the claim's reads: one round trip on PostgreSQL.

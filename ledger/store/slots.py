@@ -63,6 +63,15 @@ def hold(taken: CTE) -> CTE:
     )
 
 
+def grab(global_limit: int, global_want: int, pools: Iterable[dict[str, Any]]) -> list[tuple[Any, dict[str, Any]]]:
+    """The statements that lock up to `global_want` free global slots and, per (pool, lim, want)
+    of `pools`, up to `want` of that pool's free slots numbered up to `lim`."""
+    return [
+        (FREE_SLOTS, {"b_global": global_limit, "b_slots": max(global_want, 1)}),
+        (POOL_SLOTS, {"b_pools": pools_json(pools)}),
+    ]
+
+
 def pools_json(rows: Iterable[dict[str, Any]]) -> str:
     """Rows for `POOL_SLOTS` / `MAKE_SLOTS`' one JSON parameter."""
     return json.dumps(list(rows))
