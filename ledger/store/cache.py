@@ -251,7 +251,7 @@ def answered_at_insert(rows: Any, policy: CachePolicy | None) -> tuple[Any, Any,
             func.coalesce(other.c.completed_at, other.c.created_at) >= db_now_plus(literal(policy.age_seconds)),
         )
     first = select(other.c.id).where(found).order_by(other.c.id).limit(1).scalar_subquery()
-    new = select(rows, first.label("source")).subquery("n")
+    new = select(rows, first.label("source")).subquery("chunk")
     values: dict[str, Any] = {}
     for name, value in _copied_from(src.c, new.c).items():
         if name in _ONLY_A_HIT:
