@@ -32,7 +32,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, and_, bindparam, case, column, false, func, literal, not_, or_, select, true, update
+from sqlalchemy import (
+    BigInteger,
+    and_,
+    bindparam,
+    case,
+    cast,
+    column,
+    func,
+    literal,
+    not_,
+    null,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import ColumnElement
 
@@ -238,7 +253,7 @@ def answered_at_insert(rows: Any, policy: CachePolicy | None) -> tuple[Any, Any,
     source is joined by its primary key. Looked up in the join's condition instead, it left
     PostgreSQL no key to join by: it hashed the whole ledger, for every chunk."""
     src, other = requests.alias("src"), requests.alias("other")
-    found: Any = false()
+    first: Any = cast(null(), BigInteger)  # the cache off (LEDGER_CACHE=off): no lookup at all
     if policy is not None:
         found = and_(
             rows.c.use_cache == true(),
@@ -250,7 +265,7 @@ def answered_at_insert(rows: Any, policy: CachePolicy | None) -> tuple[Any, Any,
             # read every answer in it for each new request, where the question's index finds its one.
             func.coalesce(other.c.completed_at, other.c.created_at) >= db_now_plus(literal(policy.age_seconds)),
         )
-    first = select(other.c.id).where(found).order_by(other.c.id).limit(1).scalar_subquery()
+        first = select(other.c.id).where(found).order_by(other.c.id).limit(1).scalar_subquery()
     new = select(rows, first.label("source")).subquery("chunk")
     values: dict[str, Any] = {}
     for name, value in _copied_from(src.c, new.c).items():
