@@ -31,6 +31,8 @@ class Entry:
 
 # Bound parameters per lookup: below SQLite's oldest limit (999).
 _PER_LOOKUP = 500
+# An entry's fields without its row: enough to look keys up and compare bodies.
+_KEY_FIELDS = "pos, key, body_hash, job_id, custom"
 
 
 class Staging:
@@ -46,7 +48,7 @@ class Staging:
             "CREATE TABLE staged (pos INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, body_hash TEXT NOT NULL,"
             f" job_id TEXT, custom INTEGER NOT NULL, known INTEGER NOT NULL DEFAULT 0, {row})"
         )
-        self._fields = f"pos, key, body_hash, job_id, custom, {row}"
+        self._fields = f"{_KEY_FIELDS}, {row}"
         marks = ", ".join("?" * (5 + len(columns)))
         self._insert = f"INSERT INTO staged ({self._fields}) VALUES ({marks}) ON CONFLICT (key) DO NOTHING"
         self.db.execute("BEGIN")
@@ -96,7 +98,7 @@ class Staging:
         `keys_only`: without their rows (`values` empty), for a look at which keys exist."""
         after = -1
         known = "AND known = 0" if unknown_only else ""
-        fields = "pos, key, body_hash, job_id, custom" if keys_only else self._fields
+        fields = _KEY_FIELDS if keys_only else self._fields
         sql = f"SELECT {fields} FROM staged WHERE pos > ? {known} ORDER BY pos LIMIT ?"
         while True:
             rows = size() if callable(size) else size
@@ -119,7 +121,7 @@ class Staging:
         found: dict[str, Entry] = {}
         for i in range(0, len(keys), _PER_LOOKUP):
             part = keys[i : i + _PER_LOOKUP]
-            sql = f"SELECT pos, key, body_hash, job_id, custom FROM staged WHERE key IN ({', '.join('?' * len(part))})"
+            sql = f"SELECT {_KEY_FIELDS} FROM staged WHERE key IN ({', '.join('?' * len(part))})"
             for r in self.db.execute(sql, part):
                 found[r[1]] = _entry(r)
         return found
