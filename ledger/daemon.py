@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from adapters.base import Adapter
 from adapters.batch_interface import BatchAdapter
@@ -154,10 +154,12 @@ async def _run(
         raise
     started = time.monotonic()
     daemon = _Daemon.build(settings, store, served, worker, adapters, batch_adapters, stop or anyio.Event(), until_idle)
-    _announce(settings, worker, store, served)
     try:
         async with anyio.create_task_group() as services:
             await daemon.start_services(services, handle_signals)
+            # Announced once the signals are watched: a supervisor that stops the daemon as soon as
+            # it reads the start line gets a graceful stop, never the default SIGTERM's kill.
+            _announce(settings, worker, store, served)
             await daemon.work()
             released = await daemon.shut_down()
             daemon.stop.set()
@@ -284,7 +286,7 @@ class _Daemon:
         await services.start(self.recorder.run)
         services.start_soon(self.keep_leases)
         if handle_signals:
-            services.start_soon(self.watch_signals)
+            await services.start(self.watch_signals)
         if self.served is not None:
             # A lane of its own: the reading never waits behind, nor holds up, the recorder's commits.
             reads = DbLane(abandon_on_cancel=True)
@@ -326,8 +328,9 @@ class _Daemon:
         with self.renewing:
             await self.scheduler.leases.run()
 
-    async def watch_signals(self) -> None:
+    async def watch_signals(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+            task_status.started()
             async for _ in received:
                 if self.signalled:  # second signal: no more grace
                     self.no_grace.set()

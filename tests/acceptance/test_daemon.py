@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -233,6 +235,36 @@ def test_sigterm_finishes_or_releases_in_flight_work(sqlite_url: str, tmp_path: 
     records = events(log)
     assert max_slots_from_log(records) == 5
     assert balanced(records)
+
+
+# A daemon that sends itself SIGTERM the moment it writes its start line: what a supervisor does
+# that stops the daemon as soon as it reads that line.
+_TERM_AT_START = """
+import os, signal
+from ledger import events
+from ledger.cli import main
+
+announce = events.started
+
+def started(**limits):
+    announce(**limits)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+events.started = started
+main()
+"""
+
+
+def test_a_sigterm_as_soon_as_the_start_line_is_written_stops_the_daemon_gracefully(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "daemon.log"
+    env = ledger_env(sqlite_url)
+    with log.open("ab") as sink:
+        daemon = subprocess.Popen([sys.executable, "-c", _TERM_AT_START, "daemon"], env=env, stdout=sink, stderr=sink)
+    assert daemon.wait(timeout=60) == 0, log.read_text()[-2000:]
+    assert next(e["event"] for e in events(log)) == "start"
+    assert "daemon stopped:" in log.read_text()  # its own summary: the stop ran its course
 
 
 def test_no_api_key_reaches_the_database_or_the_logs(sqlite_url: str, tmp_path: Path) -> None:
