@@ -191,6 +191,7 @@ def _open_store(settings: Settings) -> Store:
         ping_on_checkout=False,
         idle_in_transaction_s=max(settings.lease_seconds / 4, 1.0),
         background_checkpoints=True,
+        prepared_hot_statements=True,
         pool_rules=settings.pool_rules,
         pool_probe_seconds=settings.pool_probe_seconds,
     )

@@ -49,11 +49,14 @@ class Store(
         ping_on_checkout: bool = True,
         idle_in_transaction_s: float | None = None,
         background_checkpoints: bool = False,
+        prepared_hot_statements: bool = False,
         pool_rules: PoolRules = NO_RULES,
         pool_probe_seconds: float = 60.0,
     ) -> None:
         """`background_checkpoints` (the daemon's): SQLite's WAL is copied back into the database
-        file by a thread of the store's, not inside the commits (`checkpoints.py`). `pool_rules`:
+        file by a thread of the store's, not inside the commits (`checkpoints.py`).
+        `prepared_hot_statements` (the daemon's): PostgreSQL sessions keep the hot statements
+        prepared (`prepared.py`), and the driver prepares nothing of its own. `pool_rules`:
         RPM/TPM caps and slow start (LEDGER_POOL_RPM, _TPM, _SLOW_START); `pool_probe_seconds`: how
         long a learned limit stands before one more slot is tried (LEDGER_POOL_PROBE_SECONDS)."""
         self.url = url
@@ -68,6 +71,7 @@ class Store(
             ping_on_checkout=ping_on_checkout,
             idle_in_transaction_s=idle_in_transaction_s,
             background_checkpoints=background_checkpoints,
+            prepared_hot_statements=prepared_hot_statements,
         )
         self._checkpoints = self.dialect.checkpoints(self.engine) if background_checkpoints else None
 

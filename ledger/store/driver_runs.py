@@ -25,6 +25,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine.cursor import CursorResult
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from ledger.store.prepared import as_sent
+
 # PostgreSQL: the transaction this connection began has sent nothing yet, not even its BEGIN
 # (set by `engine_setup.configure_engine`; the first statement sent, here or by SQLAlchemy, sends it).
 BEGIN_DUE = "ledger_begin_due"
@@ -102,7 +104,7 @@ def in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ra
     # would make two (see `engine_setup.configure_engine`).
     began = conn.info.pop(BEGIN_DUE, False)
     first = ["BEGIN", PLANS_BY_KEY] if began else [PLANS_BY_KEY]
-    query = _one_query(raw, first, statements)
+    query = _one_query(raw, first, as_sent(raw, statements, outside_transaction=began))
     # A query text made once (its values are in it, and it has several statements) is never
     # prepared: the driver's bookkeeping of texts to prepare (a key hashed over the whole text,
     # a cache looked up and updated) is skipped for it, and set back after it for the
@@ -121,8 +123,9 @@ def in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ra
 
 
 def _one_query(raw: Any, first: list[str], statements: list[tuple[str, Any]]) -> str:
-    """The query text: `first`, the statements with their parameters bound on the client, and
-    the planner's settings set back."""
+    """The query text: `first`, the statements with their parameters bound on the client (a
+    statement the session has prepared as its EXECUTE: `prepared.as_sent`), and the planner's
+    settings set back."""
     binder = psycopg.ClientCursor(raw)
     bound = [binder.mogrify(sql, args) for sql, args in statements]
     return ";\n".join([*first, *bound, PLANS_AS_USUAL])

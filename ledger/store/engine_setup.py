@@ -15,10 +15,14 @@ from sqlalchemy.engine import Connection, Engine
 from ledger.store.checkpoints import WAL_BACKSTOP_PAGES
 from ledger.store.dialect import READ_ONLY, Dialect
 from ledger.store.driver_runs import BEGIN_DUE
+from ledger.store.prepared import keep_hot_statements
 
 
 def configure_engine(
-    engine: Engine, idle_in_transaction_s: float | None = None, background_checkpoints: bool = False
+    engine: Engine,
+    idle_in_transaction_s: float | None = None,
+    background_checkpoints: bool = False,
+    prepared_hot_statements: bool = False,
 ) -> Dialect:
     """Per-connection set-up; returns the dialect seam for this engine.
 
@@ -31,6 +35,9 @@ def configure_engine(
     the freeze to end (the server's own default is to wait forever). SQLite has no such
     bound: a writer frozen inside its transaction holds the file's only write lock, and
     the others wait for it (up to their busy timeout, then their lane's retries).
+
+    `prepared_hot_statements` (PostgreSQL; the daemon sets it): each session keeps the hot
+    statements prepared (`prepared.keep_hot_statements`).
     """
     name = engine.dialect.name
     if name == "postgresql" and idle_in_transaction_s:
@@ -39,6 +46,8 @@ def configure_engine(
         _sqlite_connections(engine, background_checkpoints)
     elif name == "postgresql":
         _pg_begins_with_first_statement(engine)
+        if prepared_hot_statements:
+            event.listen(engine, "connect", lambda dbapi_conn, _record: keep_hot_statements(dbapi_conn))
     else:
         raise ValueError(f"LEDGER_DATABASE_URL: unsupported database {name!r} (use sqlite or postgresql)")
     return Dialect(name)

@@ -159,6 +159,7 @@ def make_engine(
     ping_on_checkout: bool = True,
     idle_in_transaction_s: float | None = None,
     background_checkpoints: bool = False,
+    prepared_hot_statements: bool = False,
 ) -> tuple[Engine, Dialect]:
     """`ping_on_checkout` tests a pooled PostgreSQL connection before each use, so a long-lived
     process (a stage holding a `Ledger`) survives a server restart unnoticed. The daemon turns
@@ -176,7 +177,7 @@ def make_engine(
         if parsed.get_driver_name() == "psycopg":
             kwargs["connect_args"] = {k: v for k, v in LIBPQ_DEAD_HOST_LIMITS.items() if k not in parsed.query}
     engine = create_engine(normalized, json_deserializer=read_json, **kwargs)
-    return engine, configure_engine(engine, idle_in_transaction_s, background_checkpoints)
+    return engine, configure_engine(engine, idle_in_transaction_s, background_checkpoints, prepared_hot_statements)
 
 
 def _make_parent(database: Path) -> None:
@@ -239,6 +240,7 @@ def open_engine(
     ping_on_checkout: bool = True,
     idle_in_transaction_s: float | None = None,
     background_checkpoints: bool = False,
+    prepared_hot_statements: bool = False,
 ) -> tuple[Engine, Dialect]:
     """An engine on an up-to-date schema."""
     engine, dialect = make_engine(
@@ -246,6 +248,7 @@ def open_engine(
         ping_on_checkout=ping_on_checkout,
         idle_in_transaction_s=idle_in_transaction_s,
         background_checkpoints=background_checkpoints,
+        prepared_hot_statements=prepared_hot_statements,
     )
     upgrade(engine)
     return engine, dialect

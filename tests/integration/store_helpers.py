@@ -15,7 +15,7 @@ from ledger.store import Store
 @contextmanager
 def daemon_store(url: str, queued: int = 0) -> Iterator[Store]:
     """A store opened as the daemon opens it, with `queued` requests (`add_requests`), closed after."""
-    store = Store(url, ping_on_checkout=False, background_checkpoints=True)
+    store = Store(url, ping_on_checkout=False, background_checkpoints=True, prepared_hot_statements=True)
     try:
         add_requests(store, queued)
         yield store

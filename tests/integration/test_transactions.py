@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from ledger.store import Store
 from ledger.store.commit import transaction
 from ledger.store.rows import Completed, Outcome, Written
-from tests.integration.store_helpers import daemon_store
+from tests.integration.store_helpers import add_requests, daemon_store
 
 _LIMITS: dict[str, Any] = {"lease_seconds": 30, "global_limit": 4, "pool_limit": lambda _: 4, "max_attempts": 3}
 
@@ -69,55 +69,150 @@ def test_a_transaction_goes_on_inside_itself_after_its_first_query_was_refused_w
         assert conn.execute(text("SELECT count(*) FROM llm_requests WHERE purpose = 'touched'")).scalar_one() == 0
 
 
+def _traced(store: Store, trace: Path, work: Callable[[], Any]) -> tuple[Any, list[tuple[str, str]]]:
+    """`work` run with libpq's trace of the messages each checked-out connection sends: its
+    result, and (message, first 60 characters of its text) for each message sent."""
+    traced: list[Any] = []
+    with trace.open("w") as sink:
+
+        @event.listens_for(store.engine, "checkout")
+        def _trace(dbapi_conn: Any, *_: Any) -> None:
+            dbapi_conn.pgconn.trace(sink.fileno())
+            traced.append(dbapi_conn)
+
+        try:
+            result = work()
+        finally:
+            event.remove(store.engine, "checkout", _trace)
+            for dbapi_conn in traced:  # before the file closes: nothing more goes to it
+                dbapi_conn.pgconn.untrace()
+    return result, re.findall(r"\bF\s+\d+\s+(\w+)\s+\"(.{0,60})", trace.read_text())
+
+
+def _group_commit(store: Store, claimed: list[Any] | None = None) -> Any:
+    """A group commit that completes `claimed` (else four requests claimed now) and claims the next."""
+    running = claimed if claimed is not None else store.claim("w1", max_claims=4, **_LIMITS).requests
+    outcomes: list[Outcome] = [Completed(r, r.attempt, "ok", 1) for r in running]
+    return lambda: store.record(outcomes, claim_for="w1", max_claims=4, reclaim=False, **_LIMITS)
+
+
 def test_postgresql_sends_a_group_commit_s_begin_in_its_first_query(pg_url: str, tmp_path: Path) -> None:
     """Traced at the wire (libpq's trace of the messages the client sends): the group commit's
-    BEGIN, claim lock, writes and reads go as one query, and nothing goes before it."""
-    with daemon_store(pg_url, queued=8) as store:
-        claimed = store.claim("w1", max_claims=4, **_LIMITS).requests
-        outcomes: list[Outcome] = [Completed(r, r.attempt, "ok", 1) for r in claimed]
-        trace = tmp_path / "wire.trace"
-        traced: list[Any] = []
-        with trace.open("w") as sink:
+    BEGIN, claim lock, writes and reads go as one query, and nothing goes before it: the
+    statements it prepares go in the session's first few group commits, never again."""
+    with daemon_store(pg_url, queued=32) as store:
+        first, sent_first = _traced(store, tmp_path / "first.trace", _group_commit(store))
+        runs = [first]
+        for _ in range(3):  # each prepares what the one before met inside its transaction
+            runs.append(_group_commit(store, runs[-1].claim.requests)())
+        recorded, sent = _traced(store, tmp_path / "wire.trace", _group_commit(store, runs[-1].claim.requests))
+    for done in (*runs, recorded):
+        assert done.written == [Written.APPLIED] * 4 and done.claim is not None
+        assert len(done.claim.requests) == 4
+    assert any(q.startswith("PREPARE") for _, q in sent_first), sent_first
+    queries = [q for kind, q in sent if kind == "Query"]
+    assert not any("PREPARE" in q for q in queries), queries  # nothing prepared again
+    assert queries, sent
+    assert queries[0].startswith("BEGIN;"), queries
+    assert not any(q.strip('"') == "BEGIN" for q in queries), queries
+    assert queries[-1].startswith("COMMIT"), queries
 
-            @event.listens_for(store.engine, "checkout")
-            def _trace(dbapi_conn: Any, *_: Any) -> None:
-                dbapi_conn.pgconn.trace(sink.fileno())
-                traced.append(dbapi_conn)
 
-            try:
-                recorded = store.record(outcomes, claim_for="w1", max_claims=4, reclaim=False, **_LIMITS)
-            finally:
-                event.remove(store.engine, "checkout", _trace)
-                for dbapi_conn in traced:  # before the file closes: nothing more goes to it
-                    dbapi_conn.pgconn.untrace()
-        assert recorded.written == [Written.APPLIED] * 4 and recorded.claim is not None
-        assert len(recorded.claim.requests) == 4
-        sent = re.findall(r"\bF\s+\d+\s+(\w+)\s+\"(.{0,60})", trace.read_text())
-        queries = [q for kind, q in sent if kind == "Query"]
-        assert queries, sent
-        assert queries[0].startswith("BEGIN;"), queries
-        assert not any(q.strip('"') == "BEGIN" for q in queries), queries
-        assert queries[-1].startswith("COMMIT"), queries
+def test_postgresql_plans_a_group_commit_s_statements_once_and_keeps_the_plans(pg_url: str) -> None:
+    """A group commit's statements are prepared in the session: after a few group commits
+    the server runs most of them on a plan it keeps, instead of planning each again."""
+    with daemon_store(pg_url, queued=100) as store:
+        claimed = None
+        for _ in range(20):
+            recorded = _group_commit(store, claimed)()
+            assert recorded.claim is not None and len(recorded.claim.requests) == 4
+            claimed = recorded.claim.requests
+        with store.engine.connect() as conn:  # the pool's one connection: the same session
+            plans = conn.execute(
+                text("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name LIKE 'ledger_hot_%'")
+            ).all()
+    assert len(plans) >= 8, plans
+    assert sum(1 for generic, _ in plans if generic > 0) >= len(plans) // 2, plans
+
+
+def test_a_statement_the_server_will_not_prepare_is_sent_whole_and_runs(pg_url: str) -> None:
+    """`$1 + $2` cannot be prepared (the server cannot tell which `+`); with its values in
+    place it runs. Refused once, it is never tried again in that session."""
+    ambiguous = text("SELECT :a + :b AS total")
+    with daemon_store(pg_url) as store:
+        for a in range(3):
+            with transaction(store.engine, store.dialect) as conn:
+                (ran,) = store.dialect.run_all(conn, [(ambiguous, {"a": a, "b": 2})])
+                assert ran.rows[0].total == a + 2
+        with store.engine.connect() as conn:
+            prepared = conn.execute(text("SELECT statement FROM pg_prepared_statements")).scalars().all()
+    assert not any("+" in statement for statement in prepared), prepared
+
+
+def test_a_statement_first_met_inside_a_transaction_is_prepared_at_the_next_one(pg_url: str) -> None:
+    touch = text("UPDATE llm_requests SET purpose = :p WHERE id = 1")
+    with daemon_store(pg_url, queued=2) as store:
+        with transaction(store.engine, store.dialect) as conn:
+            conn.execute(text("SELECT 1"))  # the transaction has begun: no PREPARE may go now
+            store.dialect.run_all(conn, [(touch, {"p": "first"})])
+            assert "purpose" not in " ".join(_prepared_texts(conn))
+        with transaction(store.engine, store.dialect) as conn:
+            store.dialect.run_all(conn, [(touch, {"p": "second"})])
+            assert "purpose" in " ".join(_prepared_texts(conn))
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT purpose FROM llm_requests WHERE id = 1")).scalar_one() == "second"
+
+
+def _prepared_texts(conn: Any) -> list[str]:
+    return list(conn.execute(text("SELECT statement FROM pg_prepared_statements")).scalars())
 
 
 def test_postgresql_still_prepares_what_sqlalchemy_repeats_between_hot_queries(pg_url: str) -> None:
     """The hot statements' query text is made once (its values are in it) and skips the driver's
     bookkeeping of texts to prepare; that bookkeeping is the connection's, and is back on
     after them, even when the server refuses one: the statements SQLAlchemy repeats (lease
-    renewals, heartbeats) are still prepared after their fifth run."""
-    with daemon_store(pg_url, queued=2) as store, transaction(store.engine, store.dialect) as conn:
-        raw: Any = conn.connection.driver_connection
-        threshold = raw.prepare_threshold
-        with pytest.raises(DBAPIError), conn.begin_nested():
-            store.dialect.run_all(conn, [(text("SELECT no_such_column FROM llm_requests"), {})])
-        assert raw.prepare_threshold == threshold
-        repeated = text("SELECT count(*) FROM llm_requests WHERE id = :id")
-        for i in range(threshold + 1):
-            conn.execute(repeated, {"id": i})
-            store.dialect.run_all(conn, [(text("UPDATE llm_requests SET purpose = :p WHERE id = 1"), {"p": f"x{i}"})])
-        assert raw.prepare_threshold == threshold
-        prepared = conn.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
-        assert any("llm_requests" in statement and "count" in statement for statement in prepared), prepared
+    renewals in a store that is not a daemon's) are still prepared after their fifth run."""
+    store = Store(pg_url)
+    try:
+        add_requests(store, 2)
+        with transaction(store.engine, store.dialect) as conn:
+            raw: Any = conn.connection.driver_connection
+            threshold = raw.prepare_threshold
+            with pytest.raises(DBAPIError), conn.begin_nested():
+                store.dialect.run_all(conn, [(text("SELECT no_such_column FROM llm_requests"), {})])
+            assert raw.prepare_threshold == threshold
+            repeated = text("SELECT count(*) FROM llm_requests WHERE id = :id")
+            for i in range(threshold + 1):
+                conn.execute(repeated, {"id": i})
+                store.dialect.run_all(
+                    conn, [(text("UPDATE llm_requests SET purpose = :p WHERE id = 1"), {"p": f"x{i}"})]
+                )
+            assert raw.prepare_threshold == threshold
+            prepared = conn.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
+            assert any("llm_requests" in statement and "count" in statement for statement in prepared), prepared
+    finally:
+        store.close()
+
+
+def test_a_rollback_in_a_daemon_s_session_leaves_its_prepared_statements_in_place(pg_url: str) -> None:
+    """The driver, once it has prepared statements of its own, clears all of a session's after
+    a rollback (ours too): in a daemon's session it prepares none, so a statement SQLAlchemy
+    repeats and a transaction rolled back leave the group commit's prepared statements usable."""
+    repeated = text("SELECT count(*) FROM llm_requests WHERE id = :id")
+    with daemon_store(pg_url, queued=16) as store:
+        recorded = _group_commit(store)()
+        for i in range(8):  # past the driver's threshold for preparing a statement
+            with transaction(store.engine, store.dialect) as conn:
+                conn.execute(repeated, {"id": i})
+        with pytest.raises(_Boom), transaction(store.engine, store.dialect) as conn:
+            conn.execute(repeated, {"id": 0})
+            raise _Boom
+        again = _group_commit(store, recorded.claim.requests)()
+        assert again.written == [Written.APPLIED] * 4 and again.claim is not None
+        assert _group_commit(store, again.claim.requests)().written == [Written.APPLIED] * 4
+        with store.engine.connect() as conn:
+            names = conn.execute(text("SELECT name FROM pg_prepared_statements")).scalars().all()
+    assert names and all(name.startswith("ledger_hot_") for name in names), names
 
 
 def test_a_read_on_sqlite_does_not_wait_for_a_writer(sqlite_url: str) -> None:
