@@ -11,7 +11,11 @@ request completed, so process start-up and SDK imports (paid once per daemon, no
 request) are not counted; the process wall time is printed beside it. Runs alternate
 (bare, sqlite, postgres, bare, ...) so a noisy neighbour hurts all three alike.
 
-    python -m bench.sdk_ratio [--requests 3000] [--limit 10] [--runs 3]
+    python -m bench.sdk_ratio [--requests 3000] [--limit 10] [--runs 3] [--cpu]
+
+`--cpu` adds, per daemon run, the CPU time a request cost (Linux: /proc): the daemon process
+(start-up included), the mock provider, and the rest of the machine, which on an otherwise idle
+machine is the database server's (SQLite has none: it runs inside the daemon).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -68,8 +73,52 @@ def _seconds(value: object) -> float:
     return datetime.fromisoformat(str(value)).timestamp()
 
 
-def daemon_run(kind: str, base_url: str, requests_file: Path, n: int, limit: int) -> tuple[float, float]:
-    """(seconds from first attempt to last completion, process wall seconds)."""
+def _machine_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (every core, /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) the process `pid` has spent so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+class CpuSplit:
+    """CPU a request cost over one daemon run: the daemon's, the mock's, the rest of the machine's."""
+
+    def __init__(self, mock_pid: int) -> None:
+        self.mock_pid = mock_pid
+        self.start = self._now()
+        self.used = (0.0, 0.0, 0.0)
+
+    def _now(self) -> tuple[float, float, float]:
+        return _children_cpu_s(), _process_cpu_s(self.mock_pid), _machine_cpu_s()
+
+    def begin(self) -> None:
+        self.start = self._now()
+
+    def end(self) -> None:
+        (daemon, mock, machine), (daemon0, mock0, machine0) = self._now(), self.start
+        self.used = (daemon - daemon0, mock - mock0, machine - machine0)
+
+    def per_request_us(self, n: int) -> str:
+        daemon, mock, machine = self.used
+        rest = machine - daemon - mock
+        return f"cpu us/req: daemon {daemon * 1e6 / n:.0f}, mock {mock * 1e6 / n:.0f}, rest {rest * 1e6 / n:.0f}"
+
+
+def daemon_run(
+    kind: str, base_url: str, requests_file: Path, n: int, limit: int, cpu: CpuSplit | None = None
+) -> tuple[float, float]:
+    """(seconds from first attempt to last completion, process wall seconds). `cpu`: started
+    here, just before the daemon (the enqueue before it is not counted)."""
     with fresh_database(kind) as url:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LEDGER_", "OPENAI_", "ANTHROPIC_"))}
         env.update(
@@ -80,9 +129,13 @@ def daemon_run(kind: str, base_url: str, requests_file: Path, n: int, limit: int
             LEDGER_LOG_LEVEL="WARNING",
         )
         subprocess.run([*LEDGER, "enqueue", str(requests_file)], env=env, check=True, capture_output=True)
+        if cpu is not None:
+            cpu.begin()
         t0 = time.perf_counter()
         subprocess.run([*LEDGER, "daemon", "--until-idle"], env=env, check=True, capture_output=True)
         wall = time.perf_counter() - t0
+        if cpu is not None:
+            cpu.end()
         engine = create_engine(url)
         with engine.connect() as conn:
             done = conn.execute(text("SELECT count(*) FROM llm_requests WHERE status = 'completed'")).scalar_one()
@@ -100,6 +153,7 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
+    parser.add_argument("--cpu", action="store_true", help="CPU a request cost: daemon, mock, the rest (Linux)")
     args = parser.parse_args()
     kinds = ["sqlite", "postgres"] if args.db == "both" else [args.db]
     rates: dict[str, list[float]] = {"bare": [], **{k: [] for k in kinds}}
@@ -114,11 +168,14 @@ def main() -> int:
             rates["bare"].append(bare)
             line = [f"run {run}: bare SDK {bare:7.0f} req/s"]
             for kind in kinds:
-                busy, wall = daemon_run(kind, base_url, requests_file, args.requests, args.limit)
+                cpu = CpuSplit(mock.proc.pid) if args.cpu else None
+                busy, wall = daemon_run(kind, base_url, requests_file, args.requests, args.limit, cpu)
                 rate = args.requests / busy
                 rates[kind].append(rate)
                 ratios[kind].append(rate / bare)
                 line.append(f"{kind} {rate:7.0f} req/s (x{rate / bare:.2f}, process {wall:5.2f} s)")
+                if cpu is not None:
+                    line.append(f"[{cpu.per_request_us(args.requests)}]")
             print("  ".join(line), flush=True)
     print("median: bare SDK {:.0f} req/s".format(statistics.median(rates["bare"])))
     for kind in kinds:
