@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine.cursor import CursorResult
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from ledger.store.prepared import as_sent
+from ledger.store.prepared import NO_SUCH_STATEMENT, as_sent, forget
 
 # PostgreSQL: the transaction this connection began has sent nothing yet, not even its BEGIN
 # (set by `engine_setup.configure_engine`; the first statement sent, here or by SQLAlchemy, sends it).
@@ -117,6 +117,8 @@ def in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ra
                 cursor.nextset()
             return _read_results(cursor, len(statements))
     except psycopg.Error as exc:
+        if exc.sqlstate == NO_SUCH_STATEMENT:
+            forget(raw)
         raise _as_sqlalchemy_error(conn, raw, exc, query, began=began) from exc
     finally:
         raw.prepare_threshold = prepare_threshold

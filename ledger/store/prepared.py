@@ -2,9 +2,9 @@
 planned again and again.
 
 `driver_runs.in_one_query` sends a transaction's statements as one simple query, one round
-trip. A simple query is parsed and planned whole every time: for a group commit's dozen
-statements that was half of the server's time in it (and a fifth of a request's CPU on the
-server at limit 10 with a zero-latency provider). A statement prepared in the session is sent
+trip. A simple query is parsed and planned whole every time, a group commit's dozen
+statements in every group commit: preparing them took a third off the server's CPU a request
+at limit 10 with a zero-latency provider (decision 154). A statement prepared in the session is sent
 in that same query as an `EXECUTE` with its values in place: the server plans it a few times,
 then keeps one plan and plans again only when the plan for the given values would be costlier
 (its `plan_cache_mode`), as for any prepared statement.
@@ -38,6 +38,8 @@ import psycopg
 
 # Texts a session prepares at most (its hot statements are about a dozen).
 PREPARED_AT_MOST = 64
+# The server's error for an EXECUTE of a statement the session does not have.
+NO_SUCH_STATEMENT = "26000"
 # A parameter as SQLAlchemy's psycopg dialect writes it (`%(name)s`), or an escaped percent sign.
 _PARAM = re.compile(r"%\((\w+)\)s|%%")
 
@@ -46,12 +48,16 @@ class _Session:
     """One session's prepared statements: text -> the EXECUTE that runs it (its parameters as
     `%(name)s`, for the client to bind), or None for a text the server would not prepare."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clear_first: bool = False) -> None:
         self.executes: dict[str, str | None] = {}
         self.wanted: dict[str, None] = {}  # met inside a transaction: prepared at the next chance
+        self.clear_first = clear_first  # what the server still holds of ours goes before we prepare again
 
     def prepare(self, raw: Any, texts: list[str]) -> None:
         """Prepare `texts` not met before (the session is outside a transaction)."""
+        if self.clear_first:
+            raw.execute("DEALLOCATE ALL", prepare=False)
+            self.clear_first = False
         for sql in [*self.wanted, *texts]:
             if sql in self.executes or len(self.executes) >= PREPARED_AT_MOST:
                 continue
@@ -68,6 +74,15 @@ def keep_hot_statements(raw: Any) -> None:
     the driver prepares nothing of its own (which would clear ours at its next rollback)."""
     raw.prepare_threshold = None
     _SESSIONS[raw] = _Session()
+
+
+def forget(raw: Any) -> None:
+    """The session `raw` has lost a statement it prepared (something sent `DEALLOCATE` or
+    `DISCARD ALL` in it: a pooler resetting the session, an operator): it prepares them all
+    again at its next moment outside a transaction. The transaction that met the loss failed,
+    and is run again (`dialect.is_transient`)."""
+    if raw in _SESSIONS:
+        _SESSIONS[raw] = _Session(clear_first=True)
 
 
 def as_sent(raw: Any, statements: list[tuple[str, Any]], *, outside_transaction: bool) -> list[tuple[str, Any]]:

@@ -12,10 +12,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 
+from ledger.record import DbLane
 from ledger.store import Store
 from ledger.store.commit import transaction
 from ledger.store.rows import Completed, Outcome, Written
@@ -161,6 +163,37 @@ def test_a_statement_first_met_inside_a_transaction_is_prepared_at_the_next_one(
             assert "purpose" in " ".join(_prepared_texts(conn))
         with store.engine.connect() as conn:
             assert conn.execute(text("SELECT purpose FROM llm_requests WHERE id = 1")).scalar_one() == "second"
+
+
+def test_a_session_whose_prepared_statements_were_cleared_prepares_them_again_and_the_commit_goes_on(
+    pg_url: str,
+) -> None:
+    """Something clears a daemon session's prepared statements (a pooler resetting the session,
+    an operator's `DISCARD ALL`): the group commit that meets the loss fails, and the lane runs it
+    again, on statements prepared again, once."""
+    with daemon_store(pg_url, queued=16) as store:
+        first = _group_commit(store)()
+        second = _group_commit(store, first.claim.requests)()  # prepares what the first met inside
+        cleared: list[int] = []
+
+        @event.listens_for(store.engine, "checkout")
+        def _clear_once(dbapi_conn: Any, *_: Any) -> None:
+            if not cleared:  # the session the next transaction runs in
+                dbapi_conn.execute("DEALLOCATE ALL")
+                cleared.append(dbapi_conn.info.backend_pid)
+
+        calls: list[int] = []
+
+        def group_commit() -> Any:
+            calls.append(1)
+            return _group_commit(store, second.claim.requests)()
+
+        third = anyio.run(DbLane(retry_seconds=10).run, group_commit)
+        event.remove(store.engine, "checkout", _clear_once)
+        assert cleared and third.written == [Written.APPLIED] * 4 and len(calls) == 2
+        assert _group_commit(store, third.claim.requests)().written == [Written.APPLIED] * 4
+        with store.engine.connect() as conn:
+            assert len(_prepared_texts(conn)) >= 8
 
 
 def _prepared_texts(conn: Any) -> list[str]:
