@@ -74,9 +74,11 @@ def _seconds(value: object) -> float:
 
 
 def _machine_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy since boot (every core, /proc/stat)."""
+    """CPU seconds the whole machine has spent busy since boot (every core, /proc/stat): user,
+    nice, system, irq and softirq (not idle or iowait; not steal, another guest's; guest time
+    is in user already)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+    return (sum(fields[0:3]) + sum(fields[5:7])) / os.sysconf("SC_CLK_TCK")
 
 
 def _process_cpu_s(pid: int) -> float:

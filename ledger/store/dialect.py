@@ -65,7 +65,6 @@ from ledger.store.driver_runs import (
 from ledger.store.driver_runs import (
     Ran as Ran,
 )
-from ledger.store.prepared import NO_SUCH_STATEMENT
 from ledger.store.row_sets import SQLITE_VALUES_AT_MOST, RowSet, RowSetType, as_json, pieces, sqlite_statement
 
 # The portable SQL pieces (sql_pieces.py), named here too: every store module imports them from here.
@@ -513,13 +512,10 @@ def is_transient(exc: BaseException) -> bool:
     those as OperationalError too, hence the check of its message). And not a
     connection lost at COMMIT (no statement running, yet the connection dropped):
     the server may have committed, and a retry could apply the work twice, unless
-    `commit.transaction` found out that it did not (`CommitNotApplied`). Also: a prepared
-    statement the session no longer has (`prepared.forget`: it prepares them again).
+    `commit.transaction` found out that it did not (`CommitNotApplied`).
     """
     if not isinstance(exc, DBAPIError):
         return False
-    if getattr(exc.orig, "sqlstate", None) == NO_SUCH_STATEMENT:
-        return True
     if isinstance(exc, CommitNotApplied | CommitRerunnable):  # a lost COMMIT that is safe to run again
         return True
     if exc.connection_invalidated:

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine.cursor import CursorResult
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from ledger.store.prepared import NO_SUCH_STATEMENT, as_sent, forget
+from ledger.store.prepared import as_sent, session_was_reset
 
 # PostgreSQL: the transaction this connection began has sent nothing yet, not even its BEGIN
 # (set by `engine_setup.configure_engine`; the first statement sent, here or by SQLAlchemy, sends it).
@@ -104,21 +104,20 @@ def in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ra
     # would make two (see `engine_setup.configure_engine`).
     began = conn.info.pop(BEGIN_DUE, False)
     first = ["BEGIN", PLANS_BY_KEY] if began else [PLANS_BY_KEY]
-    query = _one_query(raw, first, as_sent(raw, statements, outside_transaction=began))
+    query = ""
     # A query text made once (its values are in it, and it has several statements) is never
     # prepared: the driver's bookkeeping of texts to prepare (a key hashed over the whole text,
     # a cache looked up and updated) is skipped for it, and set back after it for the
     # statements SQLAlchemy repeats.
     prepare_threshold, raw.prepare_threshold = raw.prepare_threshold, None
     try:
+        query = _one_query(raw, first, as_sent(raw, statements, outside_transaction=began))
         with raw.cursor(row_factory=namedtuple_row) as cursor:
             cursor.execute(query)
             for _ in first:  # their results: nothing to read
                 cursor.nextset()
             return _read_results(cursor, len(statements))
     except psycopg.Error as exc:
-        if exc.sqlstate == NO_SUCH_STATEMENT:
-            forget(raw)
         raise _as_sqlalchemy_error(conn, raw, exc, query, began=began) from exc
     finally:
         raw.prepare_threshold = prepare_threshold
@@ -147,12 +146,17 @@ def _read_results(cursor: Any, count: int) -> list[Ran]:
 def _as_sqlalchemy_error(conn: Connection, raw: Any, exc: psycopg.Error, query: str, *, began: bool) -> StatementError:
     """A driver error as SQLAlchemy's `execute` would have raised it: wrapped, and a lost
     connection invalidating the connection and the pool, so that the lane's retry rules
-    (`is_transient`) see what they always saw."""
+    (`is_transient`) see what they always saw. A session that lost what it had prepared
+    (`prepared.session_was_reset`) is invalidated too, alone: the lane runs the transaction
+    again on a new session, which prepares afresh and is set up as every new one is."""
     error: Any = exc
     lost = conn.dialect.is_disconnect(error, raw, None)
     if lost:  # as SQLAlchemy does: every pooled connection of that server is suspect now
         conn.engine.pool._invalidate(conn.connection, exc)
         conn.invalidate(exc)
+    elif session_was_reset(exc):  # this session only: a new one starts clean, and the lane runs it again
+        conn.invalidate(exc)
+        lost = True
     elif began and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         conn.info[BEGIN_DUE] = True  # refused whole (BEGIN too): the transaction is still to begin
     return DBAPIError.instance(query, None, exc, psycopg.Error, connection_invalidated=lost, dialect=conn.dialect)

@@ -15,6 +15,13 @@ a statement the server will not prepare costs nothing more than an error it igno
 text is sent whole from then on, as before. A text first met inside a transaction is
 prepared at the session's next such moment. The hot statements are a dozen texts; at most
 `PREPARED_AT_MOST` are prepared per session, so a text made for one call never fills it.
+A statement's name is a hash of its text: whichever session prepared it, a name never runs
+another statement.
+
+Should a session lose what it prepared (a pooler resetting it, an operator's `DISCARD
+ALL`), or a prepared statement's result no longer fit the table it reads (a migration run
+meanwhile), the statement fails (`session_was_reset`): the session is dropped, and the
+database lane runs the transaction again on a new one, which prepares afresh.
 
 Only the daemon's sessions do this (`keep_hot_statements`, at connect), and in those the
 driver prepares nothing of its own: psycopg, once it has prepared a statement, clears every
@@ -30,6 +37,7 @@ so they are not meant to run behind such a pooler in any case.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import weakref
 from typing import Any
@@ -38,8 +46,11 @@ import psycopg
 
 # Texts a session prepares at most (its hot statements are about a dozen).
 PREPARED_AT_MOST = 64
-# The server's error for an EXECUTE of a statement the session does not have.
-NO_SUCH_STATEMENT = "26000"
+# The server's errors for an EXECUTE of a statement the session does not have, and of one
+# whose result's columns changed since it was prepared ("cached plan must not change result type").
+_SESSION_RESET = {"26000", "0A000"}
+# A PREPARE of a name the session has already prepared (the same text: names are hashes).
+_ALREADY_PREPARED = "42P05"
 # A parameter as SQLAlchemy's psycopg dialect writes it (`%(name)s`), or an escaped percent sign.
 _PARAM = re.compile(r"%\((\w+)\)s|%%")
 
@@ -48,20 +59,17 @@ class _Session:
     """One session's prepared statements: text -> the EXECUTE that runs it (its parameters as
     `%(name)s`, for the client to bind), or None for a text the server would not prepare."""
 
-    def __init__(self, *, clear_first: bool = False) -> None:
+    def __init__(self) -> None:
         self.executes: dict[str, str | None] = {}
         self.wanted: dict[str, None] = {}  # met inside a transaction: prepared at the next chance
-        self.clear_first = clear_first  # what the server still holds of ours goes before we prepare again
 
     def prepare(self, raw: Any, texts: list[str]) -> None:
         """Prepare `texts` not met before (the session is outside a transaction)."""
-        if self.clear_first:
-            raw.execute("DEALLOCATE ALL", prepare=False)
-            self.clear_first = False
         for sql in [*self.wanted, *texts]:
             if sql in self.executes or len(self.executes) >= PREPARED_AT_MOST:
                 continue
-            self.executes[sql] = _prepared(raw, f"ledger_hot_{len(self.executes)}", sql)
+            name = "ledger_hot_" + hashlib.blake2b(sql.encode(), digest_size=10).hexdigest()
+            self.executes[sql] = _prepared(raw, name, sql)
         self.wanted.clear()
 
 
@@ -76,13 +84,10 @@ def keep_hot_statements(raw: Any) -> None:
     _SESSIONS[raw] = _Session()
 
 
-def forget(raw: Any) -> None:
-    """The session `raw` has lost a statement it prepared (something sent `DEALLOCATE` or
-    `DISCARD ALL` in it: a pooler resetting the session, an operator): it prepares them all
-    again at its next moment outside a transaction. The transaction that met the loss failed,
-    and is run again (`dialect.is_transient`)."""
-    if raw in _SESSIONS:
-        _SESSIONS[raw] = _Session(clear_first=True)
+def session_was_reset(exc: psycopg.Error) -> bool:
+    """Whether `exc` says the session no longer has a statement it prepared, or that one's
+    result no longer fits its tables: the session is to be dropped, not used again."""
+    return exc.sqlstate in _SESSION_RESET
 
 
 def as_sent(raw: Any, statements: list[tuple[str, Any]], *, outside_transaction: bool) -> list[tuple[str, Any]]:
@@ -120,6 +125,9 @@ def _prepared(raw: Any, name: str, sql: str) -> str | None:
 
     try:
         raw.execute(f"PREPARE {name} AS {_PARAM.sub(numbered, sql)}", prepare=False)
-    except psycopg.Error:
-        return None
+    except psycopg.Error as exc:
+        if exc.sqlstate != _ALREADY_PREPARED:
+            if raw.closed or raw.info.status != psycopg.pq.ConnStatus.OK:
+                raise  # not a refusal: the connection is gone (the caller's error handling says so)
+            return None  # refused (it cannot be prepared): sent whole from now on
     return f"EXECUTE {name}({', '.join(f'%({p})s' for p in order)})" if order else f"EXECUTE {name}"

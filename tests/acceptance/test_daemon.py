@@ -262,7 +262,10 @@ def test_a_sigterm_as_soon_as_the_start_line_is_written_stops_the_daemon_gracefu
     env = ledger_env(sqlite_url)
     with log.open("ab") as sink:
         daemon = subprocess.Popen([sys.executable, "-c", _TERM_AT_START, "daemon"], env=env, stdout=sink, stderr=sink)
-    assert daemon.wait(timeout=60) == 0, log.read_text()[-2000:]
+    try:
+        assert daemon.wait(timeout=60) == 0, log.read_text()[-2000:]
+    finally:
+        daemon.kill()  # (gone already, unless it hung)
     assert next(e["event"] for e in events(log)) == "start"
     assert "daemon stopped:" in log.read_text()  # its own summary: the stop ran its course
 

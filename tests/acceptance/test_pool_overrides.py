@@ -56,7 +56,7 @@ def test_a_limit_set_live_holds_across_two_daemons_at_their_next_claim_and_outli
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     with mock_provider("--latency", "0.25") as mock:
         env = ledger_env(db_url, mock, **ENV)
-        path = write_requests(tmp_path / "r.jsonl", [("a", f"d{i}", f"r {i}") for i in range(120)])
+        path = write_requests(tmp_path / "r.jsonl", [("a", f"d{i}", f"r {i}") for i in range(240)])
         enqueue(env, path)
         store = Store(db_url)
         daemons = [start_daemon(env, log, "--until-idle", "--worker-id", f"w{i}") for i, log in enumerate(logs)]
@@ -65,7 +65,7 @@ def test_a_limit_set_live_holds_across_two_daemons_at_their_next_claim_and_outli
         set_at = time.time()
         assert done.returncode == 0 and "every daemon applies it at its next claim" in done.stdout
         assert [d.wait(timeout=120) for d in daemons] == [0, 0]
-        assert store.status_counts()["completed"] == 120
+        assert store.status_counts()["completed"] == 240
         records = [e for log in logs for e in events(log)]
         before = held_after(records, 0)
         after = held_after(records, set_at + 0.5)  # a claim begun before the change may commit after it

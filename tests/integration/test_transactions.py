@@ -169,8 +169,9 @@ def test_a_session_whose_prepared_statements_were_cleared_prepares_them_again_an
     pg_url: str,
 ) -> None:
     """Something clears a daemon session's prepared statements (a pooler resetting the session,
-    an operator's `DISCARD ALL`): the group commit that meets the loss fails, and the lane runs it
-    again, on statements prepared again, once."""
+    an operator's `DISCARD ALL`): the group commit that meets the loss fails, that session is
+    dropped, and the lane runs the group commit again, once, on a new session that prepares
+    afresh."""
     with daemon_store(pg_url, queued=16) as store:
         first = _group_commit(store)()
         second = _group_commit(store, first.claim.requests)()  # prepares what the first met inside
