@@ -37,6 +37,27 @@ def fresh_database(kind: str, dsn: str = PG_DSN) -> Iterator[str]:
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of a live process from /proc/<pid>/stat, in seconds (None once it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15: utime, stime
+
+
+def machine_busy_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds over all cores since boot, from /proc/stat. Busy leaves out idle,
+    iowait and steal (another guest's time); guest time is already inside user."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    total = sum(ticks[:8])
+    return (total - ticks[3] - ticks[4] - ticks[7]) / CLK_TCK, total / CLK_TCK
+
+
 def specs(n: int, provider: str = "openai", model: str = "gpt-4o-mini", first: int = 0) -> list[RequestSpec]:
     """`n` requests, keyed and numbered from `first` (a later batch for the same ledger)."""
     return [

@@ -55,31 +55,12 @@ from typing import Any
 import psycopg
 
 from adapters.mock_provider import mock_provider_process
-from bench.common import PG_DSN, fresh_database, specs
+from bench.common import PG_DSN, fresh_database, machine_busy_s, proc_cpu_s, specs
 from bench.sdk_ratio import bare_loop
 from ledger.api import Ledger
 from ledger.settings import load_settings
 
 APP_PREFIX = "ledger-scale-d"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_s(pid: int) -> float | None:
-    """utime + stime of a live process from /proc/<pid>/stat, in seconds (None once it is gone)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15: utime, stime
-
-
-def machine_busy_s() -> tuple[float, float]:
-    """(busy, total) CPU seconds over all cores since boot, from /proc/stat."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle + iowait
-    total = sum(ticks[:8])  # guest time is already inside user
-    return (total - idle) / CLK_TCK, total / CLK_TCK
 
 
 def wait_gone(dsn: str, prefix: str, timeout: float = 10.0) -> None:

@@ -37,7 +37,7 @@ import openai
 from sqlalchemy import create_engine, text
 
 from adapters.mock_provider import mock_provider_process
-from bench.common import fresh_database
+from bench.common import fresh_database, machine_busy_s, proc_cpu_s
 
 LEDGER = [sys.executable, "-m", "ledger.cli"]
 
@@ -73,35 +73,18 @@ def _seconds(value: object) -> float:
     return datetime.fromisoformat(str(value)).timestamp()
 
 
-def _machine_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy since boot (every core, /proc/stat): user,
-    nice, system, irq and softirq (not idle or iowait; not steal, another guest's; guest time
-    is in user already)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[0:3]) + sum(fields[5:7])) / os.sysconf("SC_CLK_TCK")
-
-
-def _process_cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) the process `pid` has spent so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _children_cpu_s() -> float:
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return used.ru_utime + used.ru_stime
-
-
 class CpuSplit:
-    """CPU a request cost over one daemon run: the daemon's, the mock's, the rest of the machine's."""
+    """CPU a request cost over one daemon run (`begin` to `end`): the daemon's (this process's
+    children), the mock's, the rest of the machine's."""
 
     def __init__(self, mock_pid: int) -> None:
         self.mock_pid = mock_pid
-        self.start = self._now()
-        self.used = (0.0, 0.0, 0.0)
+        self.start = self.used = (0.0, 0.0, 0.0)
 
     def _now(self) -> tuple[float, float, float]:
-        return _children_cpu_s(), _process_cpu_s(self.mock_pid), _machine_cpu_s()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        busy, _ = machine_busy_s()
+        return children.ru_utime + children.ru_stime, proc_cpu_s(self.mock_pid) or 0.0, busy
 
     def begin(self) -> None:
         self.start = self._now()
