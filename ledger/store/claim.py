@@ -452,7 +452,7 @@ class ClaimQueries(LeaseQueries):
         due = [r for r in candidates if r.endpoint in pools]
         if asked.global_want < min(seen.free, len(due)):
             return None
-        grabbed = slot_sql.Grabbed.read(read.found[4].rows, read.found[5].rows)
+        locked = slot_sql.Grabbed.read(read.found[4].rows, read.found[5].rows)
         kept: dict[str, list[int]] = {}
         for p in pools:
             made, want = asked.pools.get(p, (0, 0))
@@ -462,8 +462,8 @@ class ClaimQueries(LeaseQueries):
             space = max(lim - view.in_flight.get(p, 0), 0)
             if want < min(sum(1 for r in due if r.endpoint == p), seen.free, space):
                 return None
-            kept[p] = [n for n in grabbed.pools.get(p, []) if n <= lim]
-        grabbed.pools = kept
+            kept[p] = [n for n in locked.pools.get(p, []) if n <= lim]
+        grabbed = slot_sql.Grabbed(locked.global_nos, kept)
         view.turns = frozenset(pools)
         view.slot_caps = {p: len(nos) for p, nos in kept.items()}
         room_left = min(seen.free, len(grabbed.global_nos))
