@@ -111,7 +111,7 @@ def in_one_query(conn: Connection, statements: list[tuple[str, Any]]) -> list[Ra
     # statements SQLAlchemy repeats.
     prepare_threshold, raw.prepare_threshold = raw.prepare_threshold, None
     try:
-        query = _one_query(raw, first, as_sent(raw, statements, outside_transaction=began))
+        query = _one_query(raw, first, as_sent(raw, statements))
         with raw.cursor(row_factory=namedtuple_row) as cursor:
             cursor.execute(query)
             for _ in first:  # their results: nothing to read

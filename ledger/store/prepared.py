@@ -90,17 +90,17 @@ def session_was_reset(exc: psycopg.Error) -> bool:
     return exc.sqlstate in _SESSION_RESET
 
 
-def as_sent(raw: Any, statements: list[tuple[str, Any]], *, outside_transaction: bool) -> list[tuple[str, Any]]:
+def as_sent(raw: Any, statements: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """`statements` as they are sent in the session `raw`: a prepared one as its EXECUTE (the
-    same parameters). Outside a transaction, the texts met first are prepared now; inside one,
-    they are noted for the session's next moment outside. A session that does not keep its
-    hot statements prepared gets them as they are."""
+    same parameters). With the session outside a transaction (its BEGIN not sent yet), the texts
+    met first are prepared now; inside one, they are noted for its next moment outside. A
+    session that does not keep its hot statements prepared gets them as they are."""
     session = _SESSIONS.get(raw)
     if session is None:
         return statements
     texts = [sql for sql, args in statements if isinstance(args, dict) and sql not in session.executes]
     if texts or session.wanted:
-        if outside_transaction and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        if raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             session.prepare(raw, texts)
         else:
             session.wanted.update(dict.fromkeys(texts))
