@@ -104,8 +104,7 @@ def test_every_way_a_running_request_ends_gives_its_slot_back(pg_url: str) -> No
     assert len(reclaimed.reclaimed.requests) == 2 and len(reclaimed.requests) == 2
     store.cancel(ids=[r.id for r in reclaimed.requests])
     store.record([Completed(r, r.attempt, "ok", 1) for r in reclaimed.requests])  # end `canceled`
-    with store.engine.connect() as conn:
-        held = conn.execute(text("SELECT count(*) FROM llm_slots WHERE holder IS NOT NULL")).scalar_one()
+    _, held = _running(store)
     assert held == 0 and store.status_counts().get("running", 0) == 0
     assert len(store.claim("w3", **limits(2)).requests) == 2
     store.close()
